@@ -18,6 +18,7 @@ import os
 import pickle
 import socket
 import tempfile
+import time
 import traceback
 
 import torch
@@ -57,16 +58,24 @@ def device():
     return torch.device("cpu")
 
 
+def _rank():
+    """This process's rank: from the group, else from RANK (a rank before or after its group
+    exists: under torchrun, or spawned by launch), else 0 (a plain process)."""
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+
+
 def log(*args, **kwargs):
-    """print() from rank 0 only (or from the only process when no group exists)."""
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    """print() from rank 0 only (or from a process that is no rank, like the launcher)."""
+    if _rank() == 0:
         print(*args, **kwargs, flush=True)
 
 
 def rank_print(*args, **kwargs):
     """print() from every rank, prefixed with [rank r]: for output that differs per rank."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    print(f"[rank {rank}]", *args, **kwargs, flush=True)
+    rank = _rank()
+    sep = kwargs.pop("sep", " ")
+    # One write per line: ranks share the terminal, and separate writes would interleave.
+    print(sep.join([f"[rank {rank}]"] + [str(a) for a in args]), **kwargs, flush=True)
 
 
 def free_port():
@@ -162,12 +171,32 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
         _stop(procs)
 
 
+# When one rank fails, its peers usually fail a moment later *because* of it ("Connection
+# reset by peer" when it died, "timed out" when it hangs). Those are symptoms: the launcher
+# waits GRACE seconds for every report, then blames the most likely cause, in this order.
+GRACE = 1.0
+_SYMPTOMS = (("connection closed", "connection reset", "broken pipe", "connection refused"),
+             ("timed out", "timeout"))
+
+
+def _cause_rank(kind, text):
+    """0: the rank's own code raised; 1: it died; 2: a peer vanished; 3: a peer went silent."""
+    if kind == "died":
+        return 1
+    lowered = text.lower()
+    for level, words in enumerate(_SYMPTOMS, start=2):
+        if any(w in lowered for w in words):
+            return level
+    return 0
+
+
 def _collect(procs, conns):
-    """Wait for every rank's result; on the first failure, raise it naming the rank."""
+    """Wait for every rank's result; on failure, raise RankError naming the rank to blame."""
     results, pending = [None] * len(procs), set(range(len(procs)))
-    while pending:
+    failures, deadline = {}, None  # rank -> (kind, message, traceback), in order of arrival
+    while pending and (deadline is None or time.monotonic() < deadline):
         waitables = [conns[r] for r in pending] + [procs[r].sentinel for r in pending]
-        mp.connection.wait(waitables, timeout=1.0)
+        mp.connection.wait(waitables, timeout=0.2 if deadline else 1.0)
         for r in sorted(pending):
             msg, closed = None, False
             if conns[r].poll():
@@ -177,22 +206,37 @@ def _collect(procs, conns):
                     closed = True
             if msg is not None and msg[0] == "ok":
                 results[r] = msg[1]
-                pending.discard(r)
             elif msg is not None:
-                _stop(procs)
-                others = sorted(pending - {r})
-                raise RankError(r, f"rank {r} failed: {msg[1]}\n"
-                                   f"(ranks still running then, now stopped: {others})\n"
-                                   f"--- traceback from rank {r} ---\n{msg[2]}")
+                failures[r] = ("error", msg[1], msg[2])
             elif closed or not procs[r].is_alive():
                 if not closed and conns[r].poll():
                     continue  # it reported just before exiting: read it next round
                 procs[r].join(timeout=5)
                 code = procs[r].exitcode
-                _stop(procs)
                 how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                raise RankError(r, f"rank {r} died without reporting a result ({how})")
-    return results
+                failures[r] = ("died", f"died without reporting a result ({how})", "")
+            else:
+                continue
+            pending.discard(r)
+        if failures and deadline is None:
+            deadline = time.monotonic() + GRACE
+    if not failures:
+        return results
+    _stop(procs)
+    blamed = min(failures, key=lambda r: (_cause_rank(*failures[r][:2]), list(failures).index(r)))
+    kind, text, tb = failures[blamed]
+    lines = [f"rank {blamed} failed: {text}" if kind == "error" else f"rank {blamed} {text}"]
+    for r, (_, other, _) in failures.items():
+        if r != blamed:
+            lines.append(f"rank {r} also failed, probably as a consequence: {other.splitlines()[0][:300]}")
+    if pending:
+        lines.append("still running then (now stopped): " + ", ".join(f"rank {r}" for r in sorted(pending)))
+        if _cause_rank(kind, text) == 3:
+            lines.append("a timeout means a peer stopped answering: look at the rank(s) still "
+                         "running, which probably hung (or pass a longer timeout for slow work)")
+    if tb:
+        lines.append(f"--- traceback from rank {blamed} ---\n{tb}")
+    raise RankError(blamed, "\n".join(lines))
 
 
 def _stop(procs):

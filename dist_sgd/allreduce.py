@@ -1,0 +1,352 @@
+"""The four all-reduce algorithms, and the wire they talk over, built from send/recv alone.
+
+Each function takes a Link (one call's connection to its peers) and a flat contiguous tensor,
+and leaves the reduction of every rank's tensor in it, the same bytes on every rank.
+With p ranks, n bytes, a latency a per message and a time b per byte (the alpha-beta model):
+
+    naive             everyone -> rank 0, rank 0 reduces, rank 0 -> everyone   2(p-1)(a + n b)
+    tree              binomial tree: reduce to rank 0, then broadcast          2 log2(p) (a + n b)
+    ring              reduce-scatter, then all-gather, over p chunks           2(p-1) a + 2(p-1)/p n b
+    halving_doubling  recursive halving, then recursive doubling (Rabenseifner) 2 log2(p) a + 2(p-1)/p n b
+
+The ring and halving-doubling only ever send pieces of the tensor, so each rank sends about
+2n bytes in total whatever p is: that is what makes them bandwidth-optimal.
+collectives.py is the public API; it reuses the ring's two phases for reduce_scatter and
+all_gather, and the tree for reduce and broadcast.
+"""
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+ALL_REDUCE_ALGORITHMS = ("naive", "tree", "ring", "halving_doubling")
+
+
+def _sum(acc, x):
+    acc.add_(x)
+
+
+def _product(acc, x):
+    acc.mul_(x)
+
+
+def _min(acc, x):
+    torch.minimum(acc, x, out=acc)  # out= writes in place: no temporary tensor
+
+
+def _max(acc, x):
+    torch.maximum(acc, x, out=acc)
+
+
+# A list, not a dict: ReduceOp(ReduceOp.SUM) and ReduceOp.SUM compare equal but hash differently.
+_REDUCERS = [(ReduceOp.SUM, _sum), (ReduceOp.PRODUCT, _product),
+             (ReduceOp.MIN, _min), (ReduceOp.MAX, _max)]
+
+
+def reducer(op):
+    """The in-place function acc <- op(acc, x) for a torch.distributed ReduceOp."""
+    if isinstance(op, (ReduceOp, ReduceOp.RedOpType)):
+        for known, fn in _REDUCERS:
+            if op == known:
+                return fn
+    raise ValueError(f"op must be one of ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, "
+                     f"ReduceOp.MAX; got {op!r}")
+
+
+def split(n, parts):
+    """Offsets of `parts` nearly equal pieces of n elements: the first n % parts get one more.
+
+    split(7, 3) -> [0, 3, 5, 7]. Pieces may be empty (n < parts); every rank computes the same
+    offsets, so sender and receiver always agree on a piece's size without asking.
+    """
+    base, extra = divmod(n, parts)
+    offsets = [0]
+    for i in range(parts):
+        offsets.append(offsets[-1] + base + (1 if i < extra else 0))
+    return offsets
+
+
+# Reductions are pipelined: the incoming chunk travels in segments of SEGMENT_BYTES through
+# a window of WINDOW scratch buffers, and each segment is reduced while the next ones arrive.
+# Small scratch also matters on its own: a fresh chunk-sized buffer costs page faults on
+# every call (measured: as much as the whole transfer), a few MiB get reused.
+SEGMENT_BYTES = 1 << 20
+WINDOW = 4
+
+
+class Link:
+    """One collective call's wire to its peers: sends, receives, the trace and the verbose print.
+
+    It is made afresh for every call (no module-level state): it reads DIST_SGD_VERBOSE
+    then, appends to the caller's `trace` list, if any, one dict per message sent, and keeps
+    the call's one scratch buffer for reductions, reused at every step.
+    """
+
+    def __init__(self, algorithm, trace=None):
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.algorithm, self.trace = algorithm, trace
+        self.verbose = os.environ.get("DIST_SGD_VERBOSE", "0") not in ("", "0")
+        # NCCL runs a send and a receive between the same two ranks on one stream: each
+        # would wait for the other's partner forever unless they are launched as one group.
+        self.nccl = dist.get_backend() == "nccl"
+        self.phase, self.step, self.scratch = "", 0, None
+        self.sending = []  # sends posted but not yet waited for (see flush)
+
+    def at(self, phase, step):
+        self.phase, self.step = phase, step
+        return self
+
+    def note(self, verb, peer, chunk, t):
+        nbytes = t.numel() * t.element_size()
+        if verb == "send" and self.trace is not None:
+            self.trace.append({"algorithm": self.algorithm, "phase": self.phase, "step": self.step,
+                               "src": self.rank, "dst": peer, "chunk": chunk,
+                               "numel": t.numel(), "nbytes": nbytes})
+        if self.verbose:
+            arrow = "->" if verb == "send" else "<-"
+            print(f"[rank {self.rank}] {verb} {arrow} peer {peer} chunk {chunk} ({nbytes} bytes)"
+                  f"  [{self.algorithm} {self.phase} step {self.step}]", flush=True)
+
+    def _post(self, sends, dst, recvs, src):
+        ops = [(dist.isend, t, dst) for t in sends] + [(dist.irecv, t, src) for t in recvs]
+        if self.nccl and ops:
+            return dist.batch_isend_irecv([dist.P2POp(fn, t, peer) for fn, t, peer in ops])
+        return [fn(t, peer) for fn, t, peer in ops]
+
+    def cut(self, t):
+        """t as the messages it travels in: segments of SEGMENT_BYTES (none if t is empty).
+
+        Sender and receiver cut the same way, since both know the size: a receive must
+        expect exactly the bytes of one send. NCCL sends whole chunks (see exchange_reduce).
+        """
+        if t is None or t.numel() == 0:
+            return []
+        if self.nccl:
+            return [t]
+        return list(t.split(max(1, SEGMENT_BYTES // t.element_size())))
+
+    def exchange(self, send, dst, recv, src, send_chunk=None, recv_chunk=None):
+        """Send `send` to dst while receiving into `recv` from src; empty messages are skipped
+        (both sides know every size, so both skip the same ones).
+
+        Both are posted before waiting on either: if every rank in a ring first did a blocking
+        send, each would wait for a neighbour that is itself stuck sending (a deadlock once
+        messages outgrow the transport's buffers). Posting isend before the receive lets both
+        directions move at once, so a step costs one message time, not two.
+        """
+        sends, recvs = self.cut(send), self.cut(recv)
+        for t in sends:
+            self.note("send", dst, send_chunk, t)
+        for t in recvs:
+            self.note("recv", src, recv_chunk, t)
+        works = self._post(sends, dst, recvs, src)
+        self.sending += works[:len(sends)]
+        for work in works[len(sends):]:
+            work.wait()
+
+    def exchange_reduce(self, send, dst, acc, src, reduce, send_chunk=None, recv_chunk=None):
+        """Like exchange(), but what arrives from src is reduced into acc: acc <- op(acc, it).
+
+        Both messages travel as segments (both sides cut a chunk the same way); the receives
+        go through a window of scratch buffers, each reposted as soon as its segment has been
+        reduced, so the reduction overlaps with the transfer. NCCL gets one message and a
+        chunk-sized buffer (GPU memory is cached, and its sends must be launched as a group).
+        """
+        sends, pieces = self.cut(send), self.cut(acc)
+        if not pieces:
+            self.exchange(send, dst, None, src, send_chunk)
+            return
+        seg, slots = pieces[0].numel(), min(WINDOW, len(pieces))
+        if self.scratch is None or self.scratch.numel() < slots * seg or self.scratch.dtype != acc.dtype:
+            self.scratch = torch.empty(slots * seg, dtype=acc.dtype, device=acc.device)
+        bufs = [self.scratch[i * seg:(i + 1) * seg] for i in range(slots)]
+        for t in sends:
+            self.note("send", dst, send_chunk, t)
+        for t in pieces:
+            self.note("recv", src, recv_chunk, t)
+
+        first = self._post(sends, dst, [bufs[i][:pieces[i].numel()] for i in range(slots)], src)
+        send_works, pending = first[:len(sends)], list(first[len(sends):])
+        for i, piece in enumerate(pieces):
+            pending.pop(0).wait()  # segments arrive in order: same peer, same tag
+            reduce(piece, bufs[i % slots][:piece.numel()])
+            if i + slots < len(pieces):
+                pending.append(self._post([], dst, [bufs[i % slots][:pieces[i + slots].numel()]], src)[0])
+        self.sending += send_works
+
+    def flush(self):
+        """Wait for every send still in flight. Sends are not waited for at each step: only
+        the receives gate the next step, so a rank need not wait for its right neighbour to
+        catch up. But a buffer must not be overwritten, nor handed back to the caller, while
+        a send still reads it: call flush() before that."""
+        for work in self.sending:
+            work.wait()
+        self.sending = []
+
+    def send(self, t, dst, chunk=None):
+        self.exchange(t, dst, None, None, send_chunk=chunk)
+
+    def recv(self, t, src, chunk=None):
+        self.exchange(None, None, t, src, recv_chunk=chunk)
+
+
+# ---- the ring: its two phases are also reduce_scatter and all_gather --------------------------
+
+def ring_reduce_scatter(link, chunks, reduce):
+    """p-1 steps around the ring; afterwards chunks[rank] holds the reduction over all ranks.
+
+    `chunks` are p contiguous pieces of a working buffer we may overwrite. At step s rank r
+    passes chunk (r-s-1) to its right neighbour and adds the chunk (r-s-2) arriving from its
+    left into its own copy, so each chunk picks up one more rank's contribution per step and
+    ends, complete, at rank r after p-1 steps. Every message is one chunk (~n/p elements).
+    """
+    p, r = link.size, link.rank
+    right, left = (r + 1) % p, (r - 1) % p
+    for step in range(p - 1):
+        s, d = (r - step - 1) % p, (r - step - 2) % p
+        link.at("reduce-scatter", step).exchange_reduce(chunks[s], right, chunks[d], left, reduce, s, d)
+
+
+def ring_all_gather(link, chunks):
+    """p-1 steps around the ring; rank r starts owning chunks[r] and ends with all of them.
+
+    At step s rank r forwards chunk (r-s) to its right and receives chunk (r-s-1) from its
+    left straight into place: no buffer, no copy.
+    """
+    p, r = link.size, link.rank
+    right, left = (r + 1) % p, (r - 1) % p
+    for step in range(p - 1):
+        s, d = (r - step) % p, (r - step - 1) % p
+        link.at("all-gather", step).exchange(chunks[s], right, chunks[d], left, s, d)
+
+
+def ring(link, flat, reduce):
+    offsets = split(flat.numel(), link.size)
+    chunks = [flat[offsets[i]:offsets[i + 1]] for i in range(link.size)]  # views, not copies
+    ring_reduce_scatter(link, chunks, reduce)
+    link.flush()  # the all-gather overwrites chunks the reduce-scatter sent
+    ring_all_gather(link, chunks)
+
+
+# ---- the binomial tree: also reduce and broadcast ---------------------------------------------
+
+def tree_reduce(link, flat, reduce, root=0, inplace=True):
+    """Binomial tree: in round k, ranks whose relative rank has bit k set send to the rank 2^k
+    below them and drop out; after log2(p) rounds the root holds everything.
+
+    Returns the tensor holding this rank's partial result. With inplace=False `flat` is left
+    alone: the first child's contribution goes into a copy (leaves never make one).
+    """
+    p = link.size
+    vr = (link.rank - root) % p
+    acc, mask, step = flat, 1, 0
+    while mask < p:
+        if vr & mask:
+            link.at("reduce", step).send(acc, (vr - mask + root) % p)
+            break
+        if vr + mask < p:
+            if acc is flat and not inplace:
+                acc = flat.clone()
+            link.at("reduce", step).exchange_reduce(None, None, acc, (vr + mask + root) % p, reduce)
+        mask, step = mask << 1, step + 1
+    return acc
+
+
+def tree_broadcast(link, flat, root=0):
+    """The reduce's tree run backwards: receive once from the parent, then send to children."""
+    p = link.size
+    vr = (link.rank - root) % p
+    mask = 1
+    while mask < p:
+        if vr & mask:
+            link.at("broadcast", mask.bit_length() - 1).recv(flat, (vr - mask + root) % p)
+            break
+        mask <<= 1
+    mask >>= 1
+    while mask > 0:
+        if vr + mask < p:
+            link.at("broadcast", mask.bit_length() - 1).send(flat, (vr + mask + root) % p)
+        mask >>= 1
+
+
+def tree(link, flat, reduce):
+    tree_reduce(link, flat, reduce, root=0)
+    link.flush()  # the broadcast overwrites what the reduce sent
+    tree_broadcast(link, flat, root=0)
+
+
+# ---- naive: through rank 0 -------------------------------------------------------------------
+
+def naive(link, flat, reduce):
+    """Rank 0 receives every tensor in rank order, reduces, and sends the result back.
+
+    Rank 0 moves 2(p-1) whole tensors while the others wait: the bottleneck the other
+    algorithms remove.
+    """
+    if link.rank != 0:
+        link.at("reduce", 0).send(flat, 0)
+        link.flush()
+        link.at("broadcast", 0).recv(flat, 0)
+        return
+    for src in range(1, link.size):
+        link.at("reduce", src - 1).exchange_reduce(None, None, flat, src, reduce)
+    for dst in range(1, link.size):
+        link.at("broadcast", dst - 1).send(flat, dst)
+
+
+# ---- recursive halving-doubling (Rabenseifner) ----------------------------------------------
+
+def halving_doubling(link, flat, reduce):
+    """Halve the data and double the distance each round: log2(p) rounds each way.
+
+    Reduce-scatter by recursive halving: partners 2^k apart swap halves of what they still
+    own and reduce the half they keep, so after log2(p) rounds each rank owns one fully
+    reduced block of n/p. All-gather by recursive doubling undoes it, swapping ever bigger
+    pieces. Both need p to be a power of two, so with p = 2^k + rem the first 2*rem ranks
+    fold in pairs first: each even rank hands its whole tensor to the odd rank after it and
+    sits out; at the end the odd rank hands the result back (fold-in, fold-out).
+    """
+    p, r = link.size, link.rank
+    p2 = 1 << (p.bit_length() - 1)  # the largest power of two <= p
+    rem = p - p2
+    if r < 2 * rem:
+        if r % 2 == 0:
+            link.at("fold-in", 0).send(flat, r + 1)
+            link.flush()
+            link.at("fold-out", 0).recv(flat, r + 1)
+            return
+        link.at("fold-in", 0).exchange_reduce(None, None, flat, r - 1, reduce)
+        nr = r // 2
+    else:
+        nr = r - rem
+
+    def real(v):  # rank among the p2 survivors -> real rank
+        return 2 * v + 1 if v < rem else v + rem
+
+    off = split(flat.numel(), p2)
+    lo, hi, mask, step = 0, p2, p2 >> 1, 0
+    while mask:
+        mid = (lo + hi) // 2
+        keep, give = ((mid, hi), (lo, mid)) if nr & mask else ((lo, mid), (mid, hi))
+        peer = real(nr ^ mask)
+        link.at("reduce-scatter", step).exchange_reduce(flat[off[give[0]]:off[give[1]]], peer,
+                                                        flat[off[keep[0]]:off[keep[1]]], peer,
+                                                        reduce, give, keep)
+        lo, hi = keep
+        mask, step = mask >> 1, step + 1
+    link.flush()  # the all-gather overwrites the halves given away
+    mask, step = 1, 0
+    while mask < p2:
+        width = hi - lo
+        theirs = (lo - width, lo) if nr & mask else (hi, hi + width)
+        link.at("all-gather", step).exchange(flat[off[lo]:off[hi]], real(nr ^ mask),
+                                             flat[off[theirs[0]]:off[theirs[1]]], real(nr ^ mask),
+                                             (lo, hi), theirs)
+        lo, hi = min(lo, theirs[0]), max(hi, theirs[1])
+        mask, step = mask << 1, step + 1
+    if r < 2 * rem:
+        link.at("fold-out", 0).send(flat, r - 1)
+
+
+ALGORITHMS = {"naive": naive, "tree": tree, "ring": ring, "halving_doubling": halving_doubling}

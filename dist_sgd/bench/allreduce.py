@@ -1,0 +1,196 @@
+"""Figure 1 (and issue 2's benchmark): all-reduce bus bandwidth, our algorithms vs gloo.
+
+For world sizes 2, 3, 4 and messages of 16 KiB to 64 MiB, every algorithm of
+dist_sgd.collectives.all_reduce and gloo's torch.distributed.all_reduce run alternately in
+one run (dist_sgd.timing.time_alternating: A B C ... A B C, slowest rank per sample), and we
+print each one's median time and its ratio to gloo.
+
+Bus bandwidth = bytes * 2(p-1)/p / time (NCCL's convention): it divides out the bytes a ring
+must move, so a good all-reduce shows the link's speed at every p.
+
+The model lines: per world size, one alpha and one beta fitted to all four of our algorithms
+at once (costmodel.fit_all_reduce), with gamma (seconds per byte to add) measured separately
+by timing a local add on every rank at the same time. If the model is right, one (alpha,
+beta) explains all four curves; where it does not, the printout says by how much.
+"""
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from dist_sgd import costmodel
+from dist_sgd.bench import common, plots, sweep
+from dist_sgd.timing import summarize, time_alternating
+
+NAME = "allreduce"
+GOALS = {2: 1.0, 4: 1.25}  # issue 2: our ring / gloo, for messages >= 1 MiB
+
+
+def settings(quick):
+    if quick:
+        return {"world_sizes": (2, 4), "sizes": [2 ** k for k in range(14, 24, 3)], "repeats": 3}
+    return {"world_sizes": (2, 3, 4), "sizes": [2 ** k for k in range(14, 27)], "repeats": 7}
+
+
+def _gamma(nbytes_list):
+    """Seconds per byte of acc.add_(x), every rank adding at once (as inside an all-reduce)."""
+    big = [n for n in nbytes_list if n >= 2 ** 20] or nbytes_list[-1:]
+    bufs = {n: (torch.ones(n // 4), torch.ones(n // 4)) for n in big}
+    times = time_alternating({n: (lambda a=a, b=b: a.add_(b)) for n, (a, b) in bufs.items()},
+                             repeats=5, warmup=1)
+    if len(big) == 1:
+        return summarize(times[big[0]])["median"] / big[0]
+    return costmodel.fit_alpha_beta(big, [summarize(times[n])["median"] for n in big])[1]
+
+
+def _worker(rank, world_size, sizes, repeats):
+    from dist_sgd.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
+
+    # Correctness first: a benchmark of a wrong answer is worthless.
+    x = torch.randn(1000 + 7, generator=torch.Generator().manual_seed(rank))
+    expected = x.clone()
+    dist.all_reduce(expected)
+    max_diff = 0.0
+    for algorithm in ALL_REDUCE_ALGORITHMS:
+        got = x.clone()
+        all_reduce(got, algorithm=algorithm)
+        torch.testing.assert_close(got, expected)
+        max_diff = max(max_diff, (got - expected).abs().max().item())
+
+    gamma = _gamma(sizes)
+    rows = []
+    for nbytes in sizes:
+        # One buffer per candidate; sums of ones grow by p per call, far from overflow here.
+        bufs = {name: torch.ones(nbytes // 4) for name in (*ALL_REDUCE_ALGORITHMS, "gloo")}
+        candidates = {name: (lambda t=bufs[name], a=name: all_reduce(t, algorithm=a))
+                      for name in ALL_REDUCE_ALGORITHMS}
+        candidates["gloo"] = lambda t=bufs["gloo"]: dist.all_reduce(t)
+        big = nbytes >= 2 ** 24
+        samples = time_alternating(candidates, repeats=max(3, repeats - 2 * big), warmup=1)
+        for name, times in samples.items():
+            s = summarize(times)
+            rows.append({"world_size": world_size, "algorithm": name, "bytes": nbytes,
+                         "seconds": s["median"], "min": s["min"], "max": s["max"], "n": s["n"],
+                         "bus_bandwidth": float(costmodel.bus_bandwidth(nbytes, world_size,
+                                                                        s["median"])),
+                         "gamma": gamma, "check_max_diff": max_diff})
+        del bufs, candidates
+    return rows
+
+
+def measure(quick=False):
+    s = settings(quick)
+    sweep.over_world_sizes(NAME, _worker, s["world_sizes"], s["sizes"], s["repeats"])
+
+
+def fits(rows):
+    """{world size: {"gamma": g, "joint": (alpha, beta), algorithm: (alpha, beta), ...}}.
+
+    Per algorithm: alpha and beta fitted to that algorithm's medians alone (its alpha then
+    includes its own per-message Python overhead). Joint: one (alpha, beta) for all four of
+    our algorithms at once, the stronger test: does one network explain every algorithm?
+    """
+    out = {}
+    for p in sorted({r["world_size"] for r in rows}):
+        ours = [r for r in rows if r["world_size"] == p and r["algorithm"] != "gloo"]
+        fit = {"gamma": ours[0]["gamma"]}
+
+        def one(pts):
+            return costmodel.fit_all_reduce([r["algorithm"] for r in pts], [r["bytes"] for r in pts],
+                                            [p] * len(pts), [r["seconds"] for r in pts],
+                                            gamma=fit["gamma"])
+        fit["joint"] = one(ours)
+        for a in dict.fromkeys(r["algorithm"] for r in ours):
+            fit[a] = one([r for r in ours if r["algorithm"] == a])
+        out[p] = fit
+    return out
+
+
+def _error(fit, key, algorithm, row):
+    alpha, beta = fit[key]
+    t = costmodel.predict_all_reduce(algorithm, row["bytes"], row["world_size"], alpha, beta,
+                                     fit["gamma"])
+    return (t - row["seconds"]) / row["seconds"]
+
+
+def report(rows):
+    """Issue 2's table (time and ratio to gloo) and the model's fit and error per size."""
+    by = {(r["world_size"], r["algorithm"], r["bytes"]): r for r in rows}
+    algorithms = [a for a in dict.fromkeys(r["algorithm"] for r in rows) if a != "gloo"]
+    model = fits(rows)
+    print(f"correctness: every algorithm equals torch.distributed.all_reduce, "
+          f"max diff {max(r['check_max_diff'] for r in rows):.1e}")
+    for p, fit in model.items():
+        sizes = sorted({r["bytes"] for r in rows if r["world_size"] == p})
+        print(f"\nworld size {p}: median time per all-reduce (ratio ours/gloo); gloo's bus bandwidth")
+        print(f"  {'size':>8s} " + " ".join(f"{a:>17s}" for a in algorithms)
+              + f" {'gloo':>10s} {'gloo busbw':>11s}")
+        for n in sizes:
+            g = by[(p, "gloo", n)]["seconds"]
+            cells = " ".join(f"{by[(p, a, n)]['seconds'] * 1e3:8.2f}ms ({by[(p, a, n)]['seconds'] / g:4.2f}x)"
+                             for a in algorithms)
+            print(f"  {plots.human_bytes(n):>8s} {cells} {g * 1e3:8.2f}ms "
+                  f"{by[(p, 'gloo', n)]['bus_bandwidth'] / 1e9:7.2f}GB/s")
+        ring = [by[(p, "ring", n)]["seconds"] / by[(p, "gloo", n)]["seconds"]
+                for n in sizes if n >= 2 ** 20 and (p, "ring", n) in by]
+        if ring:
+            goal = GOALS.get(p)
+            verdict = "" if goal is None else (f" -> goal <= {goal:.2f}x "
+                                              + ("met" if max(ring) <= goal else "NOT met"))
+            print(f"  issue 2: our ring / gloo for >= 1 MiB: median {np.median(ring):.2f}x, "
+                  f"worst {max(ring):.2f}x{verdict}")
+        print(f"  cost model, gamma (local add, all ranks at once) = {fit['gamma'] * 1e12:.0f} ps/byte;"
+              f" fitted per algorithm:")
+        print(f"  {'':>8s} " + " ".join(f"{a:>17s}" for a in algorithms))
+        print(f"  {'alpha':>8s} " + " ".join(f"{fit[a][0] * 1e6:15.0f}us" for a in algorithms))
+        print(f"  {'1/beta':>8s} " + " ".join(f"{1 / fit[a][1] / 1e9:13.2f}GB/s" for a in algorithms))
+        print("  model error (predicted - measured) / measured, per-algorithm fit:")
+        for n in sizes:
+            print(f"  {plots.human_bytes(n):>8s} " + " ".join(
+                f"{_error(fit, a, a, by[(p, a, n)]):+17.0%}" for a in algorithms))
+        big = [by[(p, a, n)] for a in algorithms for n in sizes if n >= 2 ** 20]
+        if big:
+            worst = max(abs(_error(fit, r["algorithm"], r["algorithm"], r)) for r in big)
+            joint = max(abs(_error(fit, "joint", r["algorithm"], r)) for r in big)
+            goal = " (goal at p = 2: within 25%)" if p == 2 else ""
+            print(f"  worst error for >= 1 MiB: {worst:.0%} per-algorithm fit{goal}; "
+                  f"{joint:.0%} with one joint fit (alpha = {fit['joint'][0] * 1e6:.0f} us, "
+                  f"1/beta = {1 / fit['joint'][1] / 1e9:.2f} GB/s) for all four")
+    return model
+
+
+def draw():
+    rows, facts = common.read_csv(NAME)
+    model = report(rows)
+    names = list(dict.fromkeys(r["algorithm"] for r in rows))
+    fig, axes = plots.figure(len(model), width=5.4, height=4.6)
+    for ax, (p, fit) in zip(axes[0], model.items()):
+        for name in names:
+            pts = sorted((r for r in rows if r["world_size"] == p and r["algorithm"] == name),
+                         key=lambda r: r["bytes"])
+            n = np.array([r["bytes"] for r in pts], dtype=float)
+            bw = lambda t: costmodel.bus_bandwidth(n, p, np.array(t)) / 1e9  # noqa: E731
+            color = plots.COLORS.get(name)
+            label = "gloo (torch.distributed)" if name == "gloo" else f"ours: {name}"
+            ax.fill_between(n, bw([r["max"] for r in pts]), bw([r["min"] for r in pts]),
+                            color=color, alpha=0.1)
+            ax.plot(n, bw([r["seconds"] for r in pts]), "o-" if name != "gloo" else "s-",
+                    color=color, label=label, ms=4, lw=2 if name in ("ring", "gloo") else 1.2)
+            if name != "gloo":
+                fine = np.geomspace(n.min(), n.max(), 100)
+                t = costmodel.predict_all_reduce(name, fine, p, *fit[name], fit["gamma"])
+                ax.plot(fine, costmodel.bus_bandwidth(fine, p, t) / 1e9, ":", color=color, lw=1.3)
+        plots.bytes_axis(ax)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (float32)")
+        ax.set_ylabel("bus bandwidth (GB/s) = bytes * 2(p-1)/p / time")
+        over = f" (oversubscribed: > {plots.cores(facts)} cores)" if p > plots.cores(facts) else ""
+        ax.set_title(f"world size {p}{over}", fontsize=11)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].plot([], [], ":", color="black", label="alpha-beta-gamma model (fit)")
+    axes[0][0].legend(fontsize=8, loc="lower right")
+    path = plots.finish(
+        fig, NAME, "All-reduce: our send/recv algorithms vs gloo, processes on one host", facts,
+        note="dots/line: median; band: min-max over repeats (slowest rank per sample); "
+             "dotted: alpha-beta-gamma cost model, alpha and beta fitted per algorithm and world size, "
+             "gamma from a timed local add")
+    return [path]

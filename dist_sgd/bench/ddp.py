@@ -1,0 +1,338 @@
+"""Our DistributedDataParallel against torch's, measured side by side (lessons 07 and 09).
+
+    python -m dist_sgd.bench ddp            # through the one entry point
+    python -m dist_sgd.bench.ddp [--quick]  # this module alone
+
+Three measurements, each on BigNet (1.2 M parameters, 4.8 MB of gradients) with random batches
+of MNIST's shape (a step's time does not depend on pixel values), all strategies of one run
+alternating (time_alternating: medians, slowest rank per sample):
+  ddp_speed     step time at world sizes 2 and 4 of: no communication at all (a floor),
+                average_gradients after backward (per parameter, and flat), per-parameter hooks
+                (lesson 07 step 2), our DDP and torch DDP (same bucket caps), torch DDP with its
+                own defaults; prints ours / torch and "after backward" / "overlapped".
+  bucket_sweep  step time against bucket_cap_mb, ours and torch's, world size 2.
+  ddp_timeline  one backward pass: when each gradient was ready, when each all-reduce ran, for
+                the three steps of lesson 07.
+Lesson 09's comparison (training curves, differences, memory) lives in bench/comparison.py.
+"""
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+from dist_sgd.bench import common, plots
+from dist_sgd.ddp import DistributedDataParallel
+from dist_sgd.ddp_steps import HookDDP, NaiveDDP
+from dist_sgd.launch import device, launch, log
+from dist_sgd.models import BigNet
+from dist_sgd.timing import summarize, time_alternating
+
+ONE_BUCKET = 1024.0  # MiB: what "one bucket" means for torch DDP, which has no None for it
+SWEEP_CAPS = (0, 0.25, 1, 2, 5, 25, None)
+
+
+def settings(quick):
+    if quick:
+        return {"world_sizes": (2,), "batch": 8, "repeats": 2, "warmup": 1,
+                "caps": (0, None), "cap": 1.0}
+    return {"world_sizes": (2, 4), "batch": 16, "repeats": 15, "warmup": 3,
+            "caps": SWEEP_CAPS, "cap": 1.0}
+
+
+def make_step(kind, batch, cap=25.0, seed=0):
+    """A zero-argument training step of BigNet synchronized the `kind` way (every rank calls
+    it with the same kind: they all build the same wrappers in the same order)."""
+    torch.manual_seed(seed)
+    model = BigNet().to(device())
+    gen = torch.Generator().manual_seed(seed + dist.get_rank())
+    x = torch.randn(batch, 1, 28, 28, generator=gen).to(device())
+    y = torch.randint(0, 10, (batch,), generator=gen).to(device())
+    wrapped = {"no communication": lambda: model,
+               "after backward": lambda: NaiveDDP(model, flat=True),
+               "after backward, per parameter": lambda: NaiveDDP(model),
+               "hooks, per parameter": lambda: HookDDP(model),
+               "ours": lambda: DistributedDataParallel(model, bucket_cap_mb=cap),
+               "torch": lambda: _torch_ddp(model, ONE_BUCKET if cap is None else cap),
+               "torch, its defaults": lambda: _torch_ddp(model, None)}[kind]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    finish = getattr(wrapped, "finish_gradient_synchronization", lambda: None)
+
+    def step():
+        opt.zero_grad()
+        F.nll_loss(wrapped(x), y).backward()
+        finish()  # averages for "after backward"; a no-op for the others (done in backward)
+        opt.step()
+    step.wrapped = wrapped
+    return step
+
+
+def _torch_ddp(model, cap):
+    ids = [device().index] if device().type == "cuda" else None
+    return TorchDDP(model, device_ids=ids, bucket_cap_mb=cap)
+
+
+# ---- ddp_speed ---------------------------------------------------------------------------
+
+SPEED_KINDS = ("no communication", "after backward, per parameter", "after backward",
+               "hooks, per parameter", "ours", "torch", "torch, its defaults")
+
+
+def _speed_rank(rank, world_size, s):
+    steps = {}
+    for kind in SPEED_KINDS:
+        if kind in ("ours", "torch"):  # 25 MiB, and buckets small enough to overlap on BigNet
+            for cap in (25.0, s["cap"]):
+                steps[f"{kind}, {cap:g} MiB"] = make_step(kind, s["batch"], cap=cap)
+        else:
+            steps[kind] = make_step(kind, s["batch"])
+    samples = time_alternating(steps, s["repeats"], s["warmup"])
+    return {k: summarize(v) for k, v in samples.items()}
+
+
+def measure_speed(s):
+    rows = []
+    for ws in s["world_sizes"]:
+        log(f"ddp_speed: world size {ws}, BigNet, {s['batch']} samples per rank, "
+            f"{s['repeats']} alternating repeats ...")
+        result = launch(_speed_rank, ws, s)[0]
+        for kind, r in result.items():
+            rows.append({"world_size": ws, "strategy": kind, "median_ms": 1e3 * r["median"],
+                         "min_ms": 1e3 * r["min"], "max_ms": 1e3 * r["max"], "n": r["n"]})
+        print_speed([r for r in rows if r["world_size"] == ws], s["cap"])
+    common.write_csv("ddp_speed", rows)
+    return rows
+
+
+def print_speed(rows, cap):
+    t = {r["strategy"]: r["median_ms"] for r in rows}
+    for r in rows:
+        print(f"  {r['strategy']:32s} {r['median_ms']:8.2f} ms  "
+              f"(min {r['min_ms']:.2f}, max {r['max_ms']:.2f}, n={r['n']})")
+    small = f"{cap:g} MiB"
+    for c in ("25 MiB", small):
+        print(f"  ratio ours / torch DDP, {c:>7s} buckets: {t['ours, ' + c] / t['torch, ' + c]:.3f}"
+              "  (goal <= 1.05)")
+    print(f"  ratio ours {small} / torch DDP's defaults: "
+          f"{t['ours, ' + small] / t['torch, its defaults']:.3f}")
+    best = min(t["ours, 25 MiB"], t["ours, " + small])
+    print(f"  after backward (flat) / ours, overlapped: {t['after backward'] / best:.3f}  "
+          "(> 1: overlapping pays)")
+    comm = t["after backward"] - t["no communication"]
+    print(f"  where the time goes: compute {t['no communication']:.1f} ms; the all-reduce after "
+          f"backward adds {comm:.1f} ms; ours adds {best - t['no communication']:.1f} ms "
+          f"(hides {100 * (1 - (best - t['no communication']) / comm) if comm > 0 else 0:.0f}%)",
+          flush=True)
+
+
+# ---- bucket_sweep --------------------------------------------------------------------------
+
+def _sweep_rank(rank, world_size, s):
+    steps = {}
+    for cap in s["caps"]:
+        label = "one bucket" if cap is None else f"{cap:g}"
+        steps[f"ours|{label}"] = make_step("ours", s["batch"], cap=cap)
+        steps[f"torch|{label}"] = make_step("torch", s["batch"], cap=cap)
+        if rank == 0:
+            log(f"  bucket_cap_mb={label}: ours {len(steps[f'ours|{label}'].wrapped.buckets)} "
+                "bucket(s)")
+    samples = time_alternating(steps, s["repeats"], s["warmup"])
+    return {"world_size": world_size, **{k: summarize(v) for k, v in samples.items()}}
+
+
+def measure_sweep(s):
+    log(f"bucket_sweep: caps {list(s['caps'])} MiB, ours and torch DDP, world size 2 ...")
+    return save_sweep(launch(_sweep_rank, 2, s)[0])
+
+
+def save_sweep(result):
+    rows, ws = [], result.pop("world_size")
+    for key, r in result.items():
+        who, label = key.split("|")
+        rows.append({"world_size": ws, "who": who, "bucket_cap_mb": label,
+                     "median_ms": 1e3 * r["median"],
+                     "min_ms": 1e3 * r["min"], "max_ms": 1e3 * r["max"], "n": r["n"]})
+    for label in dict.fromkeys(r["bucket_cap_mb"] for r in rows):
+        o, t = (next(r for r in rows if r["who"] == w and r["bucket_cap_mb"] == label)
+                for w in ("ours", "torch"))
+        log(f"  {label:>10s} MiB: ours {o['median_ms']:7.2f} ms, torch {t['median_ms']:7.2f} ms, "
+            f"ratio {o['median_ms'] / t['median_ms']:.3f}")
+    common.write_csv("bucket_sweep", rows)
+    return rows
+
+
+# ---- ddp_timeline --------------------------------------------------------------------------
+
+def _timeline_rank(rank, world_size, s):
+    rows = []
+    for kind, cap in (("after backward", None), ("hooks, per parameter", None),
+                      ("ours", s["cap"])):
+        step = make_step(kind, s["batch"], cap=cap)
+        for _ in range(3):
+            step()  # warm up, then trace one step
+        wrapped, ready = step.wrapped, []
+        names = {p: n for n, p in wrapped.module.named_parameters()}
+        probes = [p.register_post_accumulate_grad_hook(
+            lambda p: ready.append((names[p], time.perf_counter()))) for p in names]
+        wrapped.trace = []
+        dist.barrier()
+        t0 = time.perf_counter()
+        step_backward(wrapped, s["batch"])
+        t_back = time.perf_counter()
+        if kind == "after backward":
+            wrapped.finish_gradient_synchronization()
+            wrapped.trace = [{"event": "launch", "t": t_back, "bucket": "all, flat"},
+                             {"event": "done", "t": time.perf_counter(), "bucket": "all, flat"}]
+        t_end = time.perf_counter()
+        for h in probes:
+            h.remove()
+        ms = lambda t: round(1e3 * (t - t0), 3)  # noqa: E731
+        rows += [{"world_size": world_size, "strategy": kind, "what": "gradient ready",
+                  "label": n, "start_ms": ms(t), "end_ms": ms(t)} for n, t in ready]
+        started = {}
+        for e in wrapped.trace:
+            key = e.get("bucket", e.get("param"))
+            if e["event"] == "launch":
+                started[key] = e["t"]
+            elif e["event"] == "done":
+                rows.append({"world_size": world_size, "strategy": kind, "what": "all-reduce",
+                             "label": str(key), "start_ms": ms(started[key]),
+                             "end_ms": ms(e["t"])})
+        rows.append({"world_size": world_size, "strategy": kind,
+                     "what": "gradients synchronized", "label": "", "start_ms": ms(t_back),
+                     "end_ms": ms(t_end)})
+    return rows if rank == 0 else None
+
+
+def step_backward(wrapped, batch):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, 1, 28, 28, generator=gen).to(device())
+    y = torch.randint(0, 10, (batch,), generator=gen).to(device())
+    F.nll_loss(wrapped(x), y).backward()
+
+
+def measure_timeline(s):
+    log("ddp_timeline: one backward pass of BigNet, world size 2, three strategies ...")
+    return save_timeline(launch(_timeline_rank, 2, s)[0])
+
+
+def save_timeline(rows):
+    for kind in dict.fromkeys(r["strategy"] for r in rows):
+        mine = [r for r in rows if r["strategy"] == kind]
+        last_grad = max(r["start_ms"] for r in mine if r["what"] == "gradient ready")
+        comm = [r for r in mine if r["what"] == "all-reduce"]
+        end = next(r["end_ms"] for r in mine if r["what"] == "gradients synchronized")
+        log(f"  {kind:22s}: last gradient at {last_grad:6.1f} ms, {len(comm):2d} all-reduce(s), "
+            f"first started at {min(r['start_ms'] for r in comm):6.1f} ms, "
+            f"synchronized at {end:6.1f} ms")
+    common.write_csv("ddp_timeline", rows)
+    return rows
+
+
+# ---- the entry points ------------------------------------------------------------------------
+
+def measure(quick=False, parts=("speed", "sweep", "timeline")):
+    s = settings(quick)
+    for part in parts:
+        {"speed": measure_speed, "sweep": measure_sweep, "timeline": measure_timeline}[part](s)
+
+
+def draw(parts=("speed", "sweep", "timeline")):
+    return [{"speed": draw_speed, "sweep": draw_sweep, "timeline": draw_timeline}[p]()
+            for p in parts]
+
+
+def draw_speed():
+    rows, facts = common.read_csv("ddp_speed")
+    sizes = sorted({r["world_size"] for r in rows})
+    fig, axes = plots.figure(len(sizes), width=6.4)
+    for ax, ws in zip(axes[0], sizes):
+        mine = [r for r in rows if r["world_size"] == ws]
+        y = range(len(mine))
+        ax.barh(y, [r["median_ms"] for r in mine],
+                xerr=[[r["median_ms"] - r["min_ms"] for r in mine],
+                      [r["max_ms"] - r["median_ms"] for r in mine]],
+                color=[_color(r["strategy"]) for r in mine], capsize=3)
+        ax.set_yticks(list(y), [r["strategy"] for r in mine])
+        ax.invert_yaxis()
+        ax.set_xlabel("step time, ms (median; bars: min-max)")
+        ax.set_title(f"world size {ws}" + (" (oversubscribed)" if ws > 2 else ""))
+    return plots.finish(fig, "ddp_speed", "BigNet step time: our DDP vs torch DDP", facts,
+                        "25 MiB unless stated; 'its defaults' = torch's 1 MiB first bucket")
+
+
+def _color(strategy):
+    if strategy.startswith("ours"):
+        return plots.COLORS["our DDP"]
+    if strategy.startswith("torch"):
+        return plots.COLORS["torch DDP"]
+    return "tab:green" if strategy == "no communication" else plots.COLORS["average_gradients"]
+
+
+def draw_sweep():
+    rows, facts = common.read_csv("bucket_sweep")
+    labels = list(dict.fromkeys(str(r["bucket_cap_mb"]) for r in rows))
+    fig, axes = plots.figure(1, width=7)
+    ax = axes[0][0]
+    for who, name in (("ours", "our DDP"), ("torch", "torch DDP")):
+        mine = [next(r for r in rows if r["who"] == who and str(r["bucket_cap_mb"]) == lab)
+                for lab in labels]
+        med = [r["median_ms"] for r in mine]
+        ax.errorbar(range(len(labels)), med, marker="o", label=name, color=plots.COLORS[name],
+                    yerr=[[m - r["min_ms"] for m, r in zip(med, mine)],
+                          [r["max_ms"] - m for m, r in zip(med, mine)]], capsize=3)
+    ax.set_xticks(range(len(labels)), [lab.replace("0", "0\n(per param)") if lab == "0"
+                                       else lab for lab in labels])
+    ax.set_xlabel("bucket_cap_mb (MiB)")
+    ax.set_ylabel("step time, ms (median, min-max)")
+    ax.legend()
+    return plots.finish(fig, "bucket_sweep",
+                        f"BigNet, world size {rows[0]['world_size']}: step time vs bucket size",
+                        facts, "torch DDP has no 'one bucket' setting: 1024 MiB stands in")
+
+
+def draw_timeline():
+    rows, facts = common.read_csv("ddp_timeline")
+    kinds = list(dict.fromkeys(r["strategy"] for r in rows))
+    fig, axes = plots.figure(1, nrows=len(kinds), width=10, height=2.6)
+    for ax, kind in zip(axes[:, 0], kinds):
+        mine = [r for r in rows if r["strategy"] == kind]
+        ready = [r for r in mine if r["what"] == "gradient ready"]
+        ax.scatter([r["start_ms"] for r in ready], [1] * len(ready), marker="|", s=300,
+                   color="tab:green", label="a gradient is ready (hook)")
+        comm = [r for r in mine if r["what"] == "all-reduce"]
+        for i, r in enumerate(comm):
+            ax.barh(0, r["end_ms"] - r["start_ms"], left=r["start_ms"], height=0.5,
+                    color=("tab:blue", "tab:cyan")[i % 2], edgecolor="k",
+                    label="all-reduce in flight" if i == 0 else None)
+        end = next(r["end_ms"] for r in mine if r["what"] == "gradients synchronized")
+        ax.axvline(end, color="tab:red", ls="--", label=f"synchronized ({end:.1f} ms)")
+        ax.set_yticks([0, 1], ["all-reduce", "backward"])
+        ax.set_ylim(-0.6, 1.6)
+        ax.set_xlim(left=0)
+        ax.set_title(f"{kind}: {len(comm)} all-reduce(s)", fontsize=10)
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    axes[-1, 0].set_xlabel("ms since backward() was called (rank 0)")
+    return plots.finish(fig, "ddp_timeline",
+                        f"One backward pass of BigNet, world size {rows[0]['world_size']}", facts,
+                        "alternating shades: consecutive all-reduces (buckets or parameters)")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    quick = "--quick" in argv
+    if quick and "DIST_SGD_FIGURES" not in os.environ:  # as `python -m dist_sgd.bench --quick`
+        common.FIGURES_DIR = tempfile.mkdtemp(prefix="dist_sgd_quick_figures_")
+    start = time.perf_counter()
+    measure(quick)
+    for path in draw():
+        print("wrote", path)
+    print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

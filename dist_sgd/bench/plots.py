@@ -1,0 +1,57 @@
+"""The look every figure shares: Agg backend, byte-size axes, a title and a hardware caption."""
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display needed: figures are files
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+from dist_sgd.bench import common  # noqa: E402
+
+COLORS = {"naive": "tab:gray", "tree": "tab:green", "ring": "tab:blue",
+          "halving_doubling": "tab:purple", "gloo": "tab:red", "parameter_server": "tab:brown",
+          "average_gradients": "tab:orange", "our DDP": "tab:blue", "torch DDP": "tab:red",
+          "single process": "black"}
+
+
+def human_bytes(n, _pos=None):
+    """1024 -> '1 KiB', 3 * 2**20 -> '3 MiB' (for tick labels and tables)."""
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def cores(facts):
+    """The core count of the machine a CSV was measured on (its facts line starts "N cores")."""
+    try:
+        return int(facts.split()[0])
+    except (ValueError, IndexError):
+        return os.cpu_count() or 1
+
+
+def bytes_axis(ax, axis="x"):
+    """A log2 axis labelled in B / KiB / MiB."""
+    getattr(ax, f"set_{axis}scale")("log", base=2)
+    getattr(ax, f"{axis}axis").set_major_formatter(FuncFormatter(human_bytes))
+
+
+def figure(ncols, nrows=1, width=5.2, height=4.2):
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    return fig, axes
+
+
+def finish(fig, name, title, facts, note=None):
+    """Title on top, machine facts (and a note) underneath, save figures/<name>.png."""
+    hardware = ", ".join(facts.split(", ")[:2])  # "2 cores (CPU model), no GPU"
+    fig.suptitle(f"{title}\n[{hardware}]", fontsize=12)
+    caption = f"Measured on: {facts}" + (f"\n{note}" if note else "")
+    fig.text(0.5, 0.005, caption, ha="center", va="bottom", fontsize=8.5, wrap=True)
+    lines = caption.count("\n") + 1
+    fig.tight_layout(rect=(0, 0.025 + 0.03 * lines, 1, 0.93))
+    path = common.figure_path(name + ".png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,185 @@
+"""The alpha-beta(-gamma) cost model: what a collective *should* cost, on paper.
+
+Sending one message of n bytes costs  alpha + n * beta:
+    alpha   latency per message (seconds): software overhead, the network's round trip
+    beta    seconds per byte = 1 / bandwidth
+    gamma   seconds per byte to *reduce* (add) received data into our own: compute, not wire
+(Hockney 1994; Thakur, Rabenseifner & Gropp 2005 for the collectives below.)
+
+Every all-reduce algorithm here costs  a * alpha + n * (b * beta + c * gamma)  for
+coefficients (a, b, c) that depend only on the algorithm and the world size p:
+
+    algorithm          a (messages)         b (bytes on the wire / n)   c (bytes added / n)
+    naive              2(p-1)               2(p-1)                      p-1
+    tree               2 ceil(log2 p)       2 ceil(log2 p)              ceil(log2 p)
+    ring               2(p-1)               2(p-1)/p                    (p-1)/p
+    halving_doubling   2 log2 p'  (+2)      2(p'-1)/p'  (+2)            (p'-1)/p'  (+1)
+    parameter_server   2p                   2p                          p
+
+  naive: everybody sends the whole tensor to rank 0, which adds them up one after the other
+    and sends the sum back to everybody, one at a time: the root's link carries 2(p-1) n bytes.
+  tree: a binomial-tree reduce then a binomial-tree broadcast, ceil(log2 p) rounds each, every
+    round moving the whole tensor.
+  ring: reduce-scatter then all-gather around a ring, 2(p-1) steps each moving n/p bytes. The
+    bytes term 2(p-1)/p n is the least any all-reduce can move, but there are 2(p-1) latencies.
+  halving_doubling (Rabenseifner): recursive-halving reduce-scatter then recursive-doubling
+    all-gather among p' = the largest power of two <= p; ring's bandwidth with log2 p'
+    latencies. When p is not a power of two, the r = p - p' extra ranks first hand their
+    whole tensor to a partner and get the result back at the end: the (+2) and (+1) terms.
+  parameter_server: p workers and one separate server that receives every gradient, adds them
+    up and sends the result to every worker: the server's link carries 2 p n bytes.
+
+With p = 1 there is nobody to talk to: every algorithm costs 0.
+
+Coefficients assume full-duplex links (a send and a receive at the same time cost one
+message) and that steps of different ranks run concurrently. `fit_alpha_beta` turns measured
+(bytes, seconds) into alpha and beta; `predict_all_reduce` turns them into a time.
+"""
+import math
+
+import numpy as np
+
+ALGORITHMS = ("naive", "tree", "ring", "halving_doubling", "parameter_server")
+
+
+def _check_world_size(world_size):
+    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+
+
+def coefficients(algorithm, world_size):
+    """(a, b, c): the all-reduce costs a*alpha + n*(b*beta + c*gamma) seconds for n bytes."""
+    _check_world_size(world_size)
+    p = int(world_size)
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose from {ALGORITHMS}")
+    if p == 1:
+        return 0.0, 0.0, 0.0
+    if algorithm == "naive":
+        return 2.0 * (p - 1), 2.0 * (p - 1), float(p - 1)
+    if algorithm == "tree":
+        rounds = math.ceil(math.log2(p))
+        return 2.0 * rounds, 2.0 * rounds, float(rounds)
+    if algorithm == "ring":
+        return 2.0 * (p - 1), 2.0 * (p - 1) / p, (p - 1) / p
+    if algorithm == "halving_doubling":
+        q = 1 << (p.bit_length() - 1)  # largest power of two <= p
+        extra = 1.0 if q != p else 0.0  # fold the extra ranks in, and hand the result back
+        return (2.0 * math.log2(q) + 2 * extra, 2.0 * (q - 1) / q + 2 * extra,
+                (q - 1) / q + extra)
+    return 2.0 * p, 2.0 * p, float(p)  # parameter_server
+
+
+def predict_all_reduce(algorithm, nbytes, world_size, alpha, beta, gamma=0.0):
+    """Predicted seconds for one all-reduce of `nbytes` bytes over `world_size` ranks.
+
+    `nbytes` may be a number or an array (numpy broadcasting applies).
+    """
+    a, b, c = coefficients(algorithm, world_size)
+    for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
+        if not np.all(np.isfinite(value)) or np.any(np.asarray(value) < 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    n = np.asarray(nbytes, dtype=np.float64)
+    if np.any(n < 0):
+        raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
+    t = a * alpha + n * (b * beta + c * gamma)
+    return float(t) if t.ndim == 0 else t
+
+
+def _weighted_fit(columns, target):
+    """Least squares on *relative* error: every size counts the same, not just the biggest.
+
+    Solves min sum(((X @ x) - t) / t)^2 with x >= 0 (a negative latency or bandwidth cost
+    means the data cannot resolve it: it is set to 0 and the rest refitted).
+    """
+    X = np.column_stack(columns).astype(np.float64)
+    t = np.asarray(target, dtype=np.float64)
+    w = 1.0 / t
+    free = list(range(X.shape[1]))
+    while True:
+        x = np.zeros(X.shape[1])
+        if free:
+            sol, *_ = np.linalg.lstsq(X[:, free] * w[:, None], t * w, rcond=None)
+            x[free] = sol
+        negative = [j for j in free if x[j] < 0]
+        if not negative:
+            return x
+        free.remove(min(negative, key=lambda j: x[j]))
+
+
+def _check_samples(nbytes, seconds):
+    n = np.asarray(nbytes, dtype=np.float64).ravel()
+    t = np.asarray(seconds, dtype=np.float64).ravel()
+    if n.shape != t.shape:
+        raise ValueError(f"need one time per size: got {n.size} sizes and {t.size} times")
+    if n.size < 2 or np.unique(n).size < 2:
+        raise ValueError("need measurements at two or more different sizes to fit a line")
+    if not (np.all(np.isfinite(n)) and np.all(n >= 0)):
+        raise ValueError("sizes must be finite numbers of bytes >= 0")
+    if not (np.all(np.isfinite(t)) and np.all(t > 0)):
+        raise ValueError("times must be finite numbers of seconds > 0")
+    return n, t
+
+
+def fit_alpha_beta(nbytes, seconds):
+    """Fit seconds = alpha + beta * nbytes (one message each); return (alpha, beta).
+
+    The fit minimizes relative error, so 16 KiB and 64 MiB count the same, and keeps both
+    numbers >= 0. Bandwidth is 1 / beta bytes per second.
+    """
+    n, t = _check_samples(nbytes, seconds)
+    alpha, beta = _weighted_fit([np.ones_like(n), n], t)
+    return float(alpha), float(beta)
+
+
+def fit_all_reduce(algorithms, nbytes, world_sizes, seconds, gamma=0.0):
+    """Fit alpha and beta to measured all-reduce times of any mix of algorithms and world sizes.
+
+    Each measurement i is all-reduce `algorithms[i]` of `nbytes[i]` bytes over
+    `world_sizes[i]` ranks taking `seconds[i]`. beta and gamma both multiply the size with the
+    same ratio for every algorithm (2:1), so they cannot be told apart from all-reduce times:
+    measure gamma on its own (time a local add) and pass it in. Returns (alpha, beta).
+    """
+    n, t = _check_samples(nbytes, seconds)
+    algorithms, world_sizes = list(algorithms), list(world_sizes)
+    if not len(algorithms) == len(world_sizes) == n.size:
+        raise ValueError("need one algorithm and one world size per measurement")
+    coef = np.array([coefficients(a, p) for a, p in zip(algorithms, world_sizes)])
+    if np.any(coef[:, 0] == 0):
+        raise ValueError("world size 1 does not communicate: nothing to fit there")
+    target = t - n * coef[:, 2] * gamma
+    if np.any(target <= 0):
+        raise ValueError("gamma alone explains more than the measured time: is gamma too big?")
+    alpha, beta = _weighted_fit([coef[:, 0], n * coef[:, 1]], target)
+    return float(alpha), float(beta)
+
+
+def link(gbit_per_s, latency_us):
+    """(alpha, beta) of a network: its bandwidth in Gbit/s and per-message latency in us."""
+    if gbit_per_s <= 0 or latency_us < 0:
+        raise ValueError("a link needs bandwidth > 0 and latency >= 0")
+    return latency_us * 1e-6, 8.0 / (gbit_per_s * 1e9)
+
+
+def predict_step(compute_s, nbytes, world_size, algorithm, alpha, beta, gamma=0.0,
+                 overlap=False):
+    """(step seconds, efficiency) of data-parallel SGD with one all-reduce of the gradients.
+
+    No overlap: a step is compute, then communication. Perfect overlap (what DDP's buckets
+    aim at): communication hides behind backward, so a step is the longer of the two.
+    Efficiency is per-worker throughput against one worker with no communication (weak
+    scaling: every worker keeps its own batch).
+    """
+    comm = predict_all_reduce(algorithm, nbytes, world_size, alpha, beta, gamma)
+    step = np.maximum(compute_s, comm) if overlap else compute_s + comm
+    return step, compute_s / step
+
+
+def bus_bandwidth(nbytes, world_size, seconds):
+    """NCCL's "bus bandwidth" of an all-reduce: nbytes * 2(p-1)/p / seconds (bytes/s).
+
+    It divides out ring's own byte count, so a fast all-reduce shows the link's speed at
+    every world size; for p = 1 it is 0 (nothing crosses a link).
+    """
+    _check_world_size(world_size)
+    return np.asarray(nbytes, dtype=np.float64) * 2 * (world_size - 1) / world_size / seconds

@@ -1,0 +1,88 @@
+"""The two steps on the way to DistributedDataParallel (lesson 07 diffs them).
+
+All three wrappers are used the same way, so the training loop never changes:
+
+    model = Wrapper(Net())            # NaiveDDP, HookDDP or ddp.DistributedDataParallel
+    loss.backward()
+    model.finish_gradient_synchronization()   # step 1 does all its work here; 2 and 3 are done
+    opt.step()
+
+Step 1, NaiveDDP: wait for the whole backward, then average_gradients (lesson 06): the network
+sits idle while gradients are computed, then the CPU sits idle while they travel.
+Step 2, HookDDP: a hook on every parameter launches an asynchronous all-reduce of its gradient
+as soon as autograd has accumulated it, so the last layer's gradient travels while earlier
+layers' gradients are still being computed. One message per parameter, though: many small
+messages each pay the network's start-up latency. And it assumes every rank produces the
+gradients in the same order and all of them: a parameter unused on one rank only makes the
+ranks pair up different all-reduces (an error, or a hang until the timeout).
+Step 3, dist_sgd.ddp.DistributedDataParallel: the same hooks, but gradients are packed into
+buckets of ~25 MiB, launched strictly in bucket order, and unused parameters are flushed at the
+end of backward: fewer, larger messages, still overlapped, and no hang.
+"""
+import time
+import weakref
+
+import torch.distributed as dist
+import torch.nn as nn
+
+from .ddp import _ENGINE, AllReduceLauncher, _broadcast_from_rank0
+from .sync import average_gradients
+
+
+class NaiveDDP(nn.Module):
+    """Step 1: broadcast at construction; average_gradients after backward, when asked."""
+
+    def __init__(self, module, all_reduce=None, flat=False):
+        super().__init__()
+        self.module, self.all_reduce, self.flat = module, all_reduce, flat
+        _broadcast_from_rank0(module)
+
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+    def finish_gradient_synchronization(self):
+        average_gradients(self.module, flat=self.flat, all_reduce=self.all_reduce)
+
+
+class HookDDP(nn.Module):
+    """Step 2: one asynchronous all-reduce per parameter, launched by its gradient hook."""
+
+    def __init__(self, module, all_reduce=None):
+        super().__init__()
+        self.module = module
+        self.world_size = dist.get_world_size()
+        self.trace = None  # a list -> event records, as DistributedDataParallel's
+        self._comm = AllReduceLauncher(all_reduce)
+        _broadcast_from_rank0(module)
+        self._names = {p: n for n, p in module.named_parameters()}
+        self._works = []  # (name, handle) of the all-reduces in flight
+        ddp = weakref.ref(self)
+
+        def hook(param):
+            if ddp() is not None:
+                ddp()._grad_ready(param)
+
+        self._hooks = [p.register_post_accumulate_grad_hook(hook)
+                       for p in module.parameters() if p.requires_grad]
+
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+    def _grad_ready(self, param):
+        if not self._works:  # first gradient of this backward: have the engine call us at its end
+            _ENGINE.queue_callback(self.finish_gradient_synchronization)
+        name = self._names[param]
+        self._record("hook", param=name)
+        param.grad.div_(self.world_size)  # SUM of grad / world_size = the average
+        self._record("launch", param=name)
+        on_done = None if self.trace is None else lambda: self._record("done", param=name)
+        self._works.append(self._comm.start(param.grad, on_done))
+
+    def finish_gradient_synchronization(self):
+        for work in self._works:
+            work.wait()
+        self._works = []
+
+    def _record(self, event, **fields):
+        if self.trace is not None:
+            self.trace.append(dict(event=event, t=time.perf_counter(), **fields))

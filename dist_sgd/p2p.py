@@ -1,0 +1,105 @@
+"""Point-to-point messages: passing tensors around a ring, and timing a ping-pong.
+
+    received = ring_shift(t)                  # send t to rank+1, get rank-1's tensor back
+    received = ring_shift(t, blocking=False)  # the same with isend/irecv + wait()
+    rows = ping_pong([8, 1024, 2**20])        # ranks 0 and 1 bounce messages; all ranks get rows
+
+Blocking send/recv return when the message is handed over (send) or has arrived (recv), so
+their order matters: if every rank first sends and the transport needs the receiver to be
+ready (large messages, or NCCL), every rank waits for a receive that nobody has posted yet:
+a deadlock. ring_shift avoids it the classic way: even ranks send first, odd ranks receive
+first. isend/irecv only *start* the transfer and return a request; `wait()` on it finishes
+it. Until then the buffers belong to the transport: reading a receive buffer shows old (or
+half-written) data, and writing a send buffer may change what is sent.
+"""
+import torch
+import torch.distributed as dist
+
+from dist_sgd.launch import device
+from dist_sgd.timing import summarize, time_alternating
+
+
+def ring_shift(tensor, blocking=True):
+    """Send `tensor` to the next rank, return (a new tensor) what the previous rank sent.
+
+    Every rank must call it with a tensor of the same shape and dtype. With one rank the
+    ring is just this rank, and the result is a copy of `tensor`.
+    """
+    rank, size = dist.get_rank(), dist.get_world_size()
+    received = torch.empty_like(tensor)
+    if size == 1:
+        return received.copy_(tensor)
+    right, left = (rank + 1) % size, (rank - 1) % size
+    if not blocking:
+        # Both transfers are in flight at once, so the order of the two calls does not matter.
+        requests = [dist.isend(tensor, right), dist.irecv(received, left)]
+        for request in requests:
+            request.wait()
+    elif rank % 2 == 0:  # even ranks talk first, odd ranks listen first. With an odd ring,
+        dist.send(tensor, right)  # the last rank and rank 0 are both even, which is fine:
+        dist.recv(received, left)  # rank 1 takes rank 0's message, so rank 0 goes on to
+    else:  # receive from the last rank, whose send then completes.
+        dist.recv(received, left)
+        dist.send(tensor, right)
+    return received
+
+
+def ping_pong(sizes_bytes, repeats=10, warmup=2, min_sample_seconds=5e-3):
+    """Measure one-way message time between ranks 0 and 1 for each size in `sizes_bytes`.
+
+    Rank 0 sends n bytes to rank 1, which sends them straight back: a round trip is two
+    messages, so one-way time = round trip / 2. Call it on every rank of a group of two or
+    more (ranks other than 0 and 1 only join the timing barriers). Returns, on every rank, one
+    dict per size: {"bytes", "seconds" (one-way, median), "min", "max", "bandwidth" (bytes/s,
+    from the median)}.
+
+    Timing goes through dist_sgd.timing.time_alternating with one candidate per message size:
+    sizes are interleaved, so a burst of load on this shared machine hits every size, not one.
+    Each sample starts after a barrier, whose exit can be skewed between ranks by about one
+    message latency; to keep that out of the numbers, a sample repeats the round trip until
+    it lasts about `min_sample_seconds` (many times for 8 bytes, once for megabytes) and is
+    divided by the count.
+    """
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if size < 2:
+        raise ValueError(f"ping_pong needs a group of at least 2 ranks, this one has {size}")
+    sizes = [int(n) for n in sizes_bytes]
+    if not sizes or any(n < 1 or n != s for n, s in zip(sizes, sizes_bytes)):
+        raise ValueError(f"sizes_bytes must be positive whole numbers of bytes, got {sizes_bytes!r}")
+    buffers = {n: torch.zeros(n, dtype=torch.uint8, device=device()) for n in sizes}
+    payload = {n: torch.arange(n, dtype=torch.int64).remainder(251).to(torch.uint8) for n in sizes}
+
+    def round_trips(n, count):
+        buf = buffers[n]
+        for _ in range(count):
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            elif rank == 1:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+
+    # How many round trips make one sample last ~min_sample_seconds: time a few, agree on it
+    # (time_alternating returns the same numbers on every rank, so the counts match).
+    probes = time_alternating({n: (lambda n=n: round_trips(n, 1)) for n in sizes},
+                              repeats=3, warmup=1)
+    counts = {n: max(1, min(1000, round(min_sample_seconds / max(summarize(probes[n])["median"],
+                                                                 1e-9)))) for n in sizes}
+    candidates = {n: (lambda n=n: round_trips(n, counts[n])) for n in sizes}
+    samples = time_alternating(candidates, repeats=repeats, warmup=warmup)
+
+    # Check the transport, outside the timing: rank 1 must echo exactly what rank 0 sent.
+    for n in sizes:
+        if rank == 0:
+            buffers[n].copy_(payload[n])
+        round_trips(n, 1)
+        if rank == 0 and not torch.equal(buffers[n].cpu(), payload[n]):
+            raise RuntimeError(f"ping_pong: the {n}-byte message came back changed")
+
+    rows = []
+    for n in sizes:
+        one_way = [s / counts[n] / 2 for s in samples[n]]
+        stats = summarize(one_way)
+        rows.append({"bytes": n, "seconds": stats["median"], "min": stats["min"],
+                     "max": stats["max"], "bandwidth": n / stats["median"]})
+    return rows

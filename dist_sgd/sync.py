@@ -1,0 +1,120 @@
+"""Synchronize replicas by hand: average the gradients, broadcast the weights.
+
+    loss.backward()                      # each rank: gradient of its own shard's mean loss
+    average_gradients(model)             # now every rank holds the mean over all ranks
+    optimizer.step()                     # same gradient + same weights -> same new weights
+
+Why the mean of the ranks' gradients is the full-batch gradient: with equal per-rank batches
+of b items and the loss a mean over the batch, the gradient of the mean loss over the global
+batch of R*b items is (1/R) * sum over ranks of (gradient of rank r's mean loss). So: all-reduce
+with SUM, then divide by the world size. (gloo has no ReduceOp.AVG, and our hand-written
+all_reduce sums, so the division is written here, as in the tutorial.)
+
+Which parameters take part: those with requires_grad=True whose .grad is not None. Frozen
+parameters and parameters that got no gradient this step (unused in the forward pass) are
+skipped. Every rank must skip the same ones, because the all-reduces are matched up by
+order: if rank 0 skips a parameter that rank 1 reduces, their calls pair up with the wrong
+tensors (flat=False) or differ in size (flat=True) - an error or a hang, not a wrong number.
+Parameters shared by two modules (tied weights) appear once in model.parameters(), so their
+gradient, already the sum over both uses, is reduced once.
+"""
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+def _world_size():
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("average_gradients / broadcast_parameters need a process group: run "
+                           "inside dist_sgd.launch.launch(...) or under torchrun")
+    return dist.get_world_size()
+
+
+def _unique(params):
+    """Parameters in order, each once (a plain list of tensors may repeat a tied one)."""
+    seen = set()
+    for p in params:
+        if id(p) not in seen:
+            seen.add(id(p))
+            yield p
+
+
+def gradients_to_sync(model):
+    """The .grad tensors average_gradients reduces, in model.parameters() order.
+
+    `model` is an nn.Module or an iterable of parameters.
+    """
+    params = model.parameters() if isinstance(model, nn.Module) else model
+    grads = []
+    for p in _unique(params):
+        if not p.requires_grad or p.grad is None:
+            continue  # frozen, or unused in this forward pass: nothing to average
+        if p.grad.is_sparse:
+            raise ValueError("average_gradients handles dense gradients only (got a sparse one, "
+                             "e.g. from nn.Embedding(sparse=True))")
+        grads.append(p.grad)
+    return grads
+
+
+def _reduce_in_place(tensor, all_reduce, world_size):
+    # Collectives need contiguous memory; a rare non-contiguous .grad goes through a copy.
+    work = tensor if tensor.is_contiguous() else tensor.contiguous()
+    all_reduce(work, op=dist.ReduceOp.SUM)
+    work.div_(world_size)
+    if work is not tensor:
+        tensor.copy_(work)
+
+
+def average_gradients(model, flat=False, all_reduce=None):
+    """Replace every gradient by its mean over all ranks, in place. Returns the number of
+    all-reduce calls made.
+
+    flat=False: the tutorial's version, one all-reduce per parameter (Net: 8 calls).
+    flat=True: copy all gradients into one flat buffer (one per dtype and device), all-reduce
+    it once and copy the results back: one message start-up cost instead of one per tensor,
+    at the price of two copies - the idea DDP's buckets refine.
+    all_reduce: None for torch.distributed.all_reduce, or any function with the same in-place
+    signature, e.g. dist_sgd.collectives.all_reduce.
+    """
+    world_size = _world_size()
+    all_reduce = all_reduce or dist.all_reduce
+    grads = gradients_to_sync(model)
+    if not flat:
+        for g in grads:
+            _reduce_in_place(g, all_reduce, world_size)
+        return len(grads)
+    groups = {}  # torch.cat needs one dtype and device per buffer
+    for g in grads:
+        groups.setdefault((g.dtype, g.device), []).append(g)
+    for group in groups.values():
+        buffer = torch.cat([g.reshape(-1) for g in group])
+        _reduce_in_place(buffer, all_reduce, world_size)
+        offset = 0
+        for g in group:
+            g.copy_(buffer[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+    return len(groups)
+
+
+def broadcast_parameters(model, src=0, broadcast=None):
+    """Copy rank src's parameters and buffers (e.g. BatchNorm statistics) to every rank.
+
+    Ranks that initialize their models from different seeds start from the same weights
+    after this; it is what DDP does at construction. Returns the number of tensors sent.
+    broadcast: None for torch.distributed.broadcast, or e.g. dist_sgd.collectives.broadcast.
+    """
+    world_size = _world_size()
+    if not 0 <= src < world_size:
+        raise ValueError(f"src must be a rank in [0, {world_size - 1}], got {src}")
+    broadcast = broadcast or dist.broadcast
+    tensors = list(_unique(model.parameters())) + list(model.buffers())
+    with torch.no_grad():  # writing into leaf parameters in place must not be recorded
+        for t in tensors:
+            work = t.detach()  # shares t's memory: receiving into it updates the parameter
+            if work.is_contiguous():
+                broadcast(work, src=src)
+            else:
+                tmp = work.contiguous()
+                broadcast(tmp, src=src)
+                work.copy_(tmp)
+    return len(tensors)

@@ -1,0 +1,137 @@
+"""Lesson 08: DataParallel from scratch - one process, the batch split over threads.
+
+Before DistributedDataParallel there was torch.nn.DataParallel: no process group, no
+all-reduce. One process splits each batch over its GPUs, runs a replica of the model on each
+in its own thread, collects the outputs on the first GPU and runs ONE backward. The gradient
+sum over replicas comes for free: the replicas' weights are autograd copies of the original
+ones, so backward flows through the copies and adds every replica's gradient into the
+original parameters. dist_sgd/data_parallel.py writes the four steps out:
+
+    chunks   = scatter((x,), devices)          # the batch, split along dimension 0
+    replicas = replicate(module, devices)      # shallow copies with differentiable weights
+    outputs  = parallel_apply(replicas, chunks, devices)   # one thread per replica
+    out      = gather(outputs, devices[0])     # concatenated: then loss and one backward
+
+Plainly: with no GPU, torch.nn.DataParallel does none of this - it just calls the module
+(device_ids is empty). Ours can run CPU replicas (device_ids=["cpu"] * N) so the four steps can
+be watched and checked on a laptop, and so we can see what threads do on a CPU: torch releases
+Python's global interpreter lock (GIL) inside its kernels, so two replicas' convolutions can
+run at the same time on two cores, but every line of Python between kernels takes turns, and
+on the CPU autograd runs the whole backward in the calling thread. That is why the CPU numbers
+below show little speed-up, and part of why DDP (one process per device, no GIL to share, no
+per-step replication, no first device gathering everything) replaced DataParallel.
+
+The lesson checks that the gradients equal one process on the whole batch (max difference
+printed), then times 1 replica against N replicas in threads. Dropout is off (eval mode):
+the replicas' threads would draw their masks from one generator in a random order.
+
+Run (one process; --world-size is the number of replicas):
+    python lessons/08_data_parallel.py --world-size 2
+    python lessons/08_data_parallel.py --quick
+    torchrun --nproc-per-node 1 lessons/08_data_parallel.py   # the same, one rank
+
+Exercises:
+  1. Run with --world-size 3 and a batch of 10: what chunk sizes does scatter choose, and why
+     are the gradients still exact?
+  2. Switch dropout on (model.train()) and compare with one process: why do they differ now,
+     and why would two runs of DataParallel differ from each other too?
+  3. Time a tiny model (dist_sgd.models.MLP, batch 8) with 1 and 4 replicas: where does the
+     time go (hint: last_times, and the GIL)?
+"""
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from dist_sgd.data import get_dataset  # noqa: E402
+from dist_sgd.data_parallel import DataParallel, gather, parallel_apply, replicate, scatter  # noqa: E402
+from dist_sgd.launch import launch, lesson_parser, log  # noqa: E402
+from dist_sgd.models import MLP, Net  # noqa: E402
+from dist_sgd.timing import summarize, time_alternating  # noqa: E402
+
+
+def net(cls=Net):
+    torch.manual_seed(0)
+    return cls().eval()  # eval: dropout off (see the docstring)
+
+
+def max_grad_diff(a, b):
+    return max((p.grad - q.grad).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+
+def demo(rank, world_size, replicas, dataset_name, quick):
+    images, labels = get_dataset(dataset_name, quiet=True).tensors
+    batch = 64
+    x, y = images[:batch], labels[:batch]
+    devices = [torch.device("cpu")] * replicas
+
+    log(f"The four steps by hand, {replicas} CPU replicas, a batch of {batch}:")
+    model = net()
+    chunks = scatter((x,), devices)
+    log(f"  scatter:        chunks of {[c[0].shape[0] for c in chunks]} images")
+    copies = replicate(model, devices)
+    log(f"  replicate:      {len(copies)} replicas; on the CPU each replica's conv1.weight "
+        f"is the original tensor: {all(r.conv1.weight is model.conv1.weight for r in copies)}")
+    outputs = parallel_apply(copies, chunks, devices)
+    log(f"  parallel_apply: {len(outputs)} outputs of shapes {[tuple(o.shape) for o in outputs]}")
+    out = gather(outputs, devices[0])
+    log(f"  gather:         {tuple(out.shape)}; one backward from here reaches the originals")
+    F.nll_loss(out, y).backward()
+
+    single = net()
+    F.nll_loss(single(x), y).backward()
+    torch.testing.assert_close([p.grad for p in model.parameters()],
+                               [q.grad for q in single.parameters()])
+    log(f"  max |gradient - one process on the whole batch| = {max_grad_diff(model, single):.2e}")
+
+    model = net()
+    dp = DataParallel(model, device_ids=devices)
+    F.nll_loss(dp(x), y).backward()
+    torch.testing.assert_close([p.grad for p in model.parameters()],
+                               [q.grad for q in single.parameters()])
+    log(f"  DataParallel(model, device_ids={[str(d) for d in devices]}): max difference "
+        f"{max_grad_diff(model, single):.2e}; phases of its forward: "
+        + ", ".join(f"{k} {1e3 * v:.2f} ms" for k, v in dp.last_times.items()))
+
+    theirs = nn.DataParallel(net())
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    log(f"\ntorch.nn.DataParallel here: device_ids={theirs.device_ids} ({gpus} GPUs), so it "
+        + ("just calls the module." if gpus == 0 else f"splits over {gpus} GPUs."))
+    diff = (theirs(x) - single(x)).abs().max().item()
+    log(f"  its output vs the plain module: max difference {diff:.2e}")
+
+    log(f"\nThreads and the GIL: forward + backward, 1 replica vs {replicas} in threads, "
+        f"torch.get_num_threads() = {torch.get_num_threads()} per kernel:")
+    repeats = 3 if quick else 15
+    for cls, n in ((Net, 256 if not quick else 64), (MLP, 8)):
+        one, many = net(cls), DataParallel(net(cls), device_ids=devices)
+        xb, yb = images[:n], labels[:n]
+        forward = {"1 replica": lambda: one(xb), f"{replicas} threads": lambda: many(xb)}
+        step = {"1 replica": lambda: F.nll_loss(one(xb), yb).backward(),
+                f"{replicas} threads": lambda: F.nll_loss(many(xb), yb).backward()}
+        for what, cands in (("forward", forward), ("forward+backward", step)):
+            with torch.set_grad_enabled(what != "forward"):
+                t = {k: summarize(v)["median"] for k, v in
+                     time_alternating(cands, repeats=repeats, warmup=1).items()}
+            a, b = t["1 replica"], t[f"{replicas} threads"]
+            log(f"  {cls.__name__:4s} batch {n:3d} {what:17s}: {1e3 * a:7.2f} ms vs "
+                f"{1e3 * b:7.2f} ms  -> speed-up {a / b:.2f}x")
+    log("  (speed-up < 1: the threads cost more than they save; backward stays in one thread)")
+
+
+def main():
+    parser = lesson_parser(__doc__)
+    args = parser.parse_args()
+    if args.world_size < 1:
+        parser.error(f"--world-size (the number of replicas) must be >= 1, got {args.world_size}")
+    dataset_name = get_dataset("auto").name
+    # One process: DataParallel needs no group. launch() gives it a clean process with one
+    # thread per kernel, so the only parallelism left is the replicas' threads.
+    launch(demo, 1, args.world_size, dataset_name, args.quick, backend=args.backend)
+
+
+if __name__ == "__main__":
+    main()
