@@ -91,28 +91,23 @@ class Link:
         # would wait for the other's partner forever unless they are launched as one group.
         self.nccl = dist.get_backend() == "nccl"
         self.phase, self.step, self.scratch = "", 0, None
-        self.sending = []  # sends posted but not yet waited for (see flush)
+        self.sending = []  # (chunk, handle) of sends posted but not yet waited for: flush()
 
     def at(self, phase, step):
         self.phase, self.step = phase, step
         return self
 
-    def note(self, verb, peer, chunk, t):
+    def note(self, verb, peer, chunk, t, where=None):
         nbytes = t.numel() * t.element_size()
+        phase, step = where or (self.phase, self.step)
         if verb == "send" and self.trace is not None:
-            self.trace.append({"algorithm": self.algorithm, "phase": self.phase, "step": self.step,
+            self.trace.append({"algorithm": self.algorithm, "phase": phase, "step": step,
                                "src": self.rank, "dst": peer, "chunk": chunk,
                                "numel": t.numel(), "nbytes": nbytes})
         if self.verbose:
             arrow = "->" if verb == "send" else "<-"
             print(f"[rank {self.rank}] {verb} {arrow} peer {peer} chunk {chunk} ({nbytes} bytes)"
-                  f"  [{self.algorithm} {self.phase} step {self.step}]", flush=True)
-
-    def _post(self, sends, dst, recvs, src):
-        ops = [(dist.isend, t, dst) for t in sends] + [(dist.irecv, t, src) for t in recvs]
-        if self.nccl and ops:
-            return dist.batch_isend_irecv([dist.P2POp(fn, t, peer) for fn, t, peer in ops])
-        return [fn(t, peer) for fn, t, peer in ops]
+                  f"  [{self.algorithm} {phase} step {step}]", flush=True)
 
     def cut(self, t):
         """t as the messages it travels in: segments of SEGMENT_BYTES (none if t is empty).
@@ -126,34 +121,59 @@ class Link:
             return [t]
         return list(t.split(max(1, SEGMENT_BYTES // t.element_size())))
 
+    def _post(self, sends, dst, recvs, src, send_chunk=None, recv_chunk=None, where=None):
+        """Start sends to dst and receives from src; keep the send handles (see flush) and
+        return the receive handles, in order. `where` = (phase, step) for the trace."""
+        for t in sends:
+            self.note("send", dst, send_chunk, t, where)
+        for t in recvs:
+            self.note("recv", src, recv_chunk, t)
+        ops = [(dist.isend, t, dst) for t in sends] + [(dist.irecv, t, src) for t in recvs]
+        if self.nccl and len(ops) > 1:
+            works = dist.batch_isend_irecv([dist.P2POp(fn, t, peer) for fn, t, peer in ops])
+        else:
+            works = [fn(t, peer) for fn, t, peer in ops]
+        self.sending += [(send_chunk, work) for work in works[:len(sends)]]
+        return works[len(sends):]
+
+    def isend(self, t, dst, chunk=None, where=None):
+        """Start sending t to dst; flush() waits for it."""
+        self._post(self.cut(t), dst, [], None, send_chunk=chunk, where=where)
+
+    def irecv(self, t, src, chunk=None):
+        """Start receiving into t from src; returns the handles to wait() on."""
+        return self._post([], None, self.cut(t), src, recv_chunk=chunk)
+
+    def send(self, t, dst, chunk=None):
+        self.isend(t, dst, chunk)
+
+    def recv(self, t, src, chunk=None):
+        for work in self.irecv(t, src, chunk):
+            work.wait()
+
     def exchange(self, send, dst, recv, src, send_chunk=None, recv_chunk=None):
         """Send `send` to dst while receiving into `recv` from src; empty messages are skipped
         (both sides know every size, so both skip the same ones).
 
         Both are posted before waiting on either: if every rank in a ring first did a blocking
-        send, each would wait for a neighbour that is itself stuck sending (a deadlock once
-        messages outgrow the transport's buffers). Posting isend before the receive lets both
-        directions move at once, so a step costs one message time, not two.
+        send, each would wait for a neighbour that is itself stuck sending (a deadlock: on
+        gloo a send waits until the receiver has posted its receive). Posting isend before
+        the receive lets both directions move at once: a step costs one message time, not two.
         """
-        sends, recvs = self.cut(send), self.cut(recv)
-        for t in sends:
-            self.note("send", dst, send_chunk, t)
-        for t in recvs:
-            self.note("recv", src, recv_chunk, t)
-        works = self._post(sends, dst, recvs, src)
-        self.sending += works[:len(sends)]
-        for work in works[len(sends):]:
+        for work in self._post(self.cut(send), dst, self.cut(recv), src, send_chunk, recv_chunk):
             work.wait()
 
-    def exchange_reduce(self, send, dst, acc, src, reduce, send_chunk=None, recv_chunk=None):
+    def exchange_reduce(self, send, dst, acc, src, reduce, send_chunk=None, recv_chunk=None,
+                        reduced=None):
         """Like exchange(), but what arrives from src is reduced into acc: acc <- op(acc, it).
 
-        Both messages travel as segments (both sides cut a chunk the same way); the receives
-        go through a window of scratch buffers, each reposted as soon as its segment has been
-        reduced, so the reduction overlaps with the transfer. NCCL gets one message and a
-        chunk-sized buffer (GPU memory is cached, and its sends must be launched as a group).
+        The incoming segments land in a window of scratch buffers, each reposted as soon as
+        its segment has been reduced, so adding one segment overlaps with receiving the next.
+        reduced(piece), if given, is called with each finished segment of acc (to pass it on).
+        NCCL gets one message and a chunk-sized buffer (GPU memory is cached, and a send and
+        a receive between two ranks must be launched together).
         """
-        sends, pieces = self.cut(send), self.cut(acc)
+        pieces = self.cut(acc)
         if not pieces:
             self.exchange(send, dst, None, src, send_chunk)
             return
@@ -161,72 +181,88 @@ class Link:
         if self.scratch is None or self.scratch.numel() < slots * seg or self.scratch.dtype != acc.dtype:
             self.scratch = torch.empty(slots * seg, dtype=acc.dtype, device=acc.device)
         bufs = [self.scratch[i * seg:(i + 1) * seg] for i in range(slots)]
-        for t in sends:
-            self.note("send", dst, send_chunk, t)
-        for t in pieces:
-            self.note("recv", src, recv_chunk, t)
-
-        first = self._post(sends, dst, [bufs[i][:pieces[i].numel()] for i in range(slots)], src)
-        send_works, pending = first[:len(sends)], list(first[len(sends):])
+        pending = self._post(self.cut(send), dst, [bufs[i][:pieces[i].numel()] for i in range(slots)],
+                             src, send_chunk, recv_chunk)
         for i, piece in enumerate(pieces):
-            pending.pop(0).wait()  # segments arrive in order: same peer, same tag
+            pending.pop(0).wait()  # segments from one peer arrive in the order they were sent
             reduce(piece, bufs[i % slots][:piece.numel()])
-            if i + slots < len(pieces):
-                pending.append(self._post([], dst, [bufs[i % slots][:pieces[i + slots].numel()]], src)[0])
-        self.sending += send_works
+            if reduced is not None:
+                reduced(piece)
+            if i + slots < len(pieces):  # this buffer is free again: post a later segment
+                later = bufs[i % slots][:pieces[i + slots].numel()]
+                pending += self._post([], dst, [later], src, recv_chunk=recv_chunk)
 
-    def flush(self):
-        """Wait for every send still in flight. Sends are not waited for at each step: only
-        the receives gate the next step, so a rank need not wait for its right neighbour to
-        catch up. But a buffer must not be overwritten, nor handed back to the caller, while
-        a send still reads it: call flush() before that."""
-        for work in self.sending:
-            work.wait()
-        self.sending = []
+    def flush(self, chunk=None):
+        """Wait for the sends still in flight (of one chunk, or all).
 
-    def send(self, t, dst, chunk=None):
-        self.exchange(t, dst, None, None, send_chunk=chunk)
+        Sends are not waited for at each step: only receives gate the next step, so a rank
+        need not wait for its right neighbour to catch up. But a buffer must not be
+        overwritten, nor handed back to the caller, while a send still reads it."""
+        keep = []
+        for c, work in self.sending:
+            if chunk is None or c == chunk:
+                work.wait()
+            else:
+                keep.append((c, work))
+        self.sending = keep
 
-    def recv(self, t, src, chunk=None):
-        self.exchange(None, None, t, src, recv_chunk=chunk)
 
 
 # ---- the ring: its two phases are also reduce_scatter and all_gather --------------------------
 
-def ring_reduce_scatter(link, chunks, reduce):
+def ring_reduce_scatter(link, chunks, reduce, hand_on=False):
     """p-1 steps around the ring; afterwards chunks[rank] holds the reduction over all ranks.
 
     `chunks` are p contiguous pieces of a working buffer we may overwrite. At step s rank r
     passes chunk (r-s-1) to its right neighbour and adds the chunk (r-s-2) arriving from its
     left into its own copy, so each chunk picks up one more rank's contribution per step and
     ends, complete, at rank r after p-1 steps. Every message is one chunk (~n/p elements).
+
+    The chunk a rank passes on at step s+1 is the one it reduces at step s, so each segment
+    leaves as soon as it is reduced: big chunks flow through the ring like a pipeline
+    instead of stopping at every rank. hand_on=True also passes on the finished chunk: the
+    first send of the all-gather that follows.
     """
     p, r = link.size, link.rank
     right, left = (r + 1) % p, (r - 1) % p
+    if p > 1:
+        link.at("reduce-scatter", 0).isend(chunks[(r - 1) % p], right, chunk=(r - 1) % p)
     for step in range(p - 1):
-        s, d = (r - step - 1) % p, (r - step - 2) % p
-        link.at("reduce-scatter", step).exchange_reduce(chunks[s], right, chunks[d], left, reduce, s, d)
+        d = (r - step - 2) % p
+        after = ("reduce-scatter", step + 1) if step < p - 2 else ("all-gather", 0) if hand_on else None
+
+        def pass_on(piece, d=d, after=after):
+            link.isend(piece, right, chunk=d, where=after)
+        link.at("reduce-scatter", step).exchange_reduce(None, None, chunks[d], left, reduce,
+                                                        recv_chunk=d, reduced=after and pass_on)
 
 
-def ring_all_gather(link, chunks):
+def ring_all_gather(link, chunks, started=False):
     """p-1 steps around the ring; rank r starts owning chunks[r] and ends with all of them.
 
-    At step s rank r forwards chunk (r-s) to its right and receives chunk (r-s-1) from its
-    left straight into place: no buffer, no copy.
+    At step s rank r receives chunk (r-s-1) from its left straight into place (no buffer,
+    no copy) and passes each segment on to its right as soon as it is in. started=True:
+    the reduce-scatter already sent chunks[r] (hand_on).
     """
     p, r = link.size, link.rank
     right, left = (r + 1) % p, (r - 1) % p
+    if p > 1 and not started:
+        link.at("all-gather", 0).isend(chunks[r], right, chunk=r)
     for step in range(p - 1):
-        s, d = (r - step) % p, (r - step - 1) % p
-        link.at("all-gather", step).exchange(chunks[s], right, chunks[d], left, s, d)
+        d = (r - step - 1) % p
+        link.flush(chunk=d)  # the reduce-scatter sent this chunk: that send must be over
+        pieces = link.cut(chunks[d])
+        for piece, work in zip(pieces, link.at("all-gather", step).irecv(chunks[d], left, chunk=d)):
+            work.wait()
+            if step < p - 2:
+                link.isend(piece, right, chunk=d, where=("all-gather", step + 1))
 
 
 def ring(link, flat, reduce):
     offsets = split(flat.numel(), link.size)
     chunks = [flat[offsets[i]:offsets[i + 1]] for i in range(link.size)]  # views, not copies
-    ring_reduce_scatter(link, chunks, reduce)
-    link.flush()  # the all-gather overwrites chunks the reduce-scatter sent
-    ring_all_gather(link, chunks)
+    ring_reduce_scatter(link, chunks, reduce, hand_on=True)
+    ring_all_gather(link, chunks, started=True)
 
 
 # ---- the binomial tree: also reduce and broadcast ---------------------------------------------

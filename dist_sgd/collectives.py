@@ -178,11 +178,8 @@ def gather(tensor, gather_list=None, dst=0):
         return
     _check_list(gather_list, "gather_list", tensor, size)
     flats = [_flat(t) for t in gather_list]
-    # Post every receive at once: the senders' messages arrive in any order.
-    works = [dist.irecv(flats[i], i) for i in range(size) if i != rank and flats[i].numel()]
-    for i in range(size):
-        if i != rank and flats[i].numel():
-            link.note("recv", i, i, flats[i])
+    # Post every receive at once: the senders' messages may arrive in any order.
+    works = [w for i in range(size) if i != rank for w in link.irecv(flats[i], i, chunk=i)]
     flats[rank].copy_(tensor.reshape(-1))
     for work in works:
         work.wait()
@@ -204,15 +201,12 @@ def scatter(tensor, scatter_list=None, src=0):
         _copy_back(tensor, flat)
         return
     _check_list(scatter_list, "scatter_list", tensor, size)
-    works = []
+    pieces = [_flat(t) for t in scatter_list]  # kept alive until the sends are done
     for i in range(size):
-        if i != rank and scatter_list[i].numel():
-            piece = _flat(scatter_list[i])
-            link.note("send", i, i, piece)
-            works.append(dist.isend(piece, i))  # all at once: rank 0 need not wait for rank 1
+        if i != rank:  # all at once: rank 2 need not wait until rank 1 has its piece
+            link.isend(pieces[i], i, chunk=i)
     tensor.copy_(scatter_list[rank])
-    for work in works:
-        work.wait()
+    link.flush()
 
 
 def barrier():

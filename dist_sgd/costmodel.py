@@ -183,3 +183,12 @@ def bus_bandwidth(nbytes, world_size, seconds):
     """
     _check_world_size(world_size)
     return np.asarray(nbytes, dtype=np.float64) * 2 * (world_size - 1) / world_size / seconds
+
+
+def human_bytes(n):
+    """1024 -> '1 KiB', 3 * 2**20 -> '3 MiB' (for tables and tick labels)."""
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{n:.0f} B"

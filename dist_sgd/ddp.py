@@ -109,6 +109,7 @@ class Bucket:
 
     def reset(self):
         self.ready = [False] * len(self.params)
+        self.used = [False] * len(self.params)  # this rank had a gradient for it
         self.pending = len(self.params)
         self.work = None
 
@@ -122,13 +123,14 @@ def assign_buckets(named_params, bucket_cap_mb):
     if bucket_cap_mb is not None and bucket_cap_mb < 0:
         raise ValueError(f"bucket_cap_mb must be >= 0 or None, got {bucket_cap_mb!r}")
     cap = float("inf") if bucket_cap_mb is None else bucket_cap_mb * MiB
-    done, open_ = [], {}
+    done, open_, size = [], {}, {}
     for name, p in reversed(named_params):
         key = (p.device, p.dtype)
-        bucket = open_.setdefault(key, [])
-        bucket.append((name, p))
-        if sum(q.numel() * q.element_size() for _, q in bucket) >= cap:
+        open_.setdefault(key, []).append((name, p))
+        size[key] = size.get(key, 0) + p.numel() * p.element_size()
+        if size[key] >= cap:
             done.append(open_.pop(key))
+            size[key] = 0
     done.extend(open_.values())
     order = {id(p): i for i, (_, p) in enumerate(reversed(named_params))}
     return sorted(done, key=lambda b: order[id(b[0][1])])
@@ -144,7 +146,8 @@ class DistributedDataParallel(nn.Module):
                                "dist_sgd.launch.launch(...) or a torchrun'd script")
         self.module = module
         self.world_size = dist.get_world_size()
-        self.require_backward_grad_sync = True  # no_sync() turns it off
+        self.require_backward_grad_sync = True  # no_sync() turns it off ...
+        self._sync_next_backward = True  # ... and forward() passes it on to backward
         self.trace = None  # set to a list to record hook/launch/done times (lesson 07)
         self._comm = AllReduceLauncher(all_reduce)
         _broadcast_from_rank0(module)
@@ -164,6 +167,10 @@ class DistributedDataParallel(nn.Module):
         self._hooks = [p.register_post_accumulate_grad_hook(hook) for _, p in trainable]
 
     def forward(self, *inputs, **kwargs):
+        # As torch's: whether the coming backward synchronizes is decided here, so a forward
+        # inside no_sync() followed by a backward outside it still only accumulates.
+        if torch.is_grad_enabled():
+            self._sync_next_backward = self.require_backward_grad_sync
         return self.module(*inputs, **kwargs)
 
     def parameters(self, recurse=True):
@@ -192,7 +199,7 @@ class DistributedDataParallel(nn.Module):
 
     def _grad_ready(self, param):
         """Autograd accumulated param.grad: put it in its bucket; launch what is complete."""
-        if not self.require_backward_grad_sync:
+        if not self._sync_next_backward:
             return
         if not self._in_backward:
             self._in_backward = True
@@ -209,16 +216,16 @@ class DistributedDataParallel(nn.Module):
     def _fill(self, bucket, j, grad):
         if grad is None:
             bucket.views[j].zero_()
-            bucket.flags[j] = 0
         else:  # divide on the way in, as torch does: the SUM is then the average
             torch.div(grad, self.world_size, out=bucket.views[j])
-            bucket.flags[j] = 1
+        bucket.used[j] = grad is not None
         bucket.ready[j] = True
         bucket.pending -= 1
 
     def _launch_complete_buckets(self):
         while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
             bucket = self.buckets[self._next_bucket]
+            bucket.flags.copy_(torch.tensor(bucket.used, dtype=bucket.flags.dtype))
             self._record("launch", bucket=bucket.index)
             on_done = None
             if self.trace is not None:

@@ -18,8 +18,9 @@ PHASES = ("reduce-scatter", "all-gather")
 
 
 def replay(trace, world_size):
-    """[(phase, step, moves, holdings)] for each step; holdings[r][c] is the frozenset of ranks
-    whose contributions rank r holds in chunk c after the step (the first entry: before)."""
+    """[(phase, step, moves, holdings)] for each step: moves = [(src, dst, chunk, bytes)];
+    holdings[r][c] is the frozenset of ranks whose contributions rank r holds in chunk c
+    after the step (the first entry: before any step)."""
     p = world_size
     holdings = [[frozenset([r]) for _ in range(p)] for r in range(p)]
     steps = [("start", -1, [], holdings)]
@@ -28,13 +29,14 @@ def replay(trace, world_size):
     for m in trace:
         if m["phase"] in PHASES:
             key = (PHASES.index(m["phase"]), m["step"])
-            moves_at.setdefault(key, set()).add((m["src"], m["dst"], m["chunk"]))
+            move = (m["src"], m["dst"], m["chunk"])
+            moves_at.setdefault(key, {})[move] = moves_at.get(key, {}).get(move, 0) + m["nbytes"]
     for (phase, step), moves in sorted(moves_at.items()):
         new = [row[:] for row in holdings]
         for src, dst, c in moves:  # every send of a step reads the state before the step
             new[dst][c] = holdings[dst][c] | holdings[src][c] if phase == 0 else holdings[src][c]
         holdings = new
-        steps.append((PHASES[phase], step, sorted(moves), holdings))
+        steps.append((PHASES[phase], step, sorted(k + (b,) for k, b in moves.items()), holdings))
     return steps
 
 
@@ -51,9 +53,9 @@ def table(trace, world_size):
         if phase == "start":
             lines.append("before: every rank holds only its own contribution to each chunk")
         else:
-            sent = ", ".join(f"r{s}->r{d}: c{c}" for s, d, c in moves)
+            sent = ", ".join(f"r{s}->r{d}: c{c} ({b} B)" for s, d, c, b in moves)
             lines.append(f"{phase} step {step}: {sent}")
-        lines.append("        " + "".join(f"c{c}".ljust(width) for c in range(p)))
+        lines.append("         " + "".join(f"c{c}".ljust(width) for c in range(p)))
         for r in range(p):
             lines.append(f"  rank {r} " + "".join(_who(holdings[r][c], p).ljust(width) for c in range(p)))
     return lines
@@ -72,56 +74,58 @@ def draw_gif(trace, world_size, path, frames_per_step=5, fps=6):
     p = world_size
     steps = replay(trace, p)
     colours = plt.get_cmap("tab10")
-    centre = [(math.cos(math.pi / 2 - 2 * math.pi * r / p), math.sin(math.pi / 2 - 2 * math.pi * r / p))
-              for r in range(p)]
-    bw = min(0.22, 1.6 / p / 1.2)  # block width: the row of p blocks must fit near its rank
+    angle = [math.pi / 2 - 2 * math.pi * r / p for r in range(p)]  # rank 0 on top, clockwise
+    bw = min(0.22, 1.5 / p / 1.1)  # block width: a rank's row of p blocks must fit by its place
 
-    def block_xy(r, c):
-        x, y = centre[r]
-        return x + (c - (p - 1) / 2) * bw * 1.1, y
+    def block_xy(r, c, a=None):  # where rank r keeps chunk c (or, in flight, at angle a)
+        a = angle[r] if a is None else a
+        return math.cos(a) + (c - (p - 1) / 2) * bw * 1.1 - bw / 2, math.sin(a) - bw / 2
 
     # Frame list: (index of the step being shown, progress 0..1 of its moving chunks).
     frames = [(0, 1.0)] * 3
     for i in range(1, len(steps)):
-        frames += [(i, k / frames_per_step) for k in range(1, frames_per_step + 1)] + [(i, 1.0)] * 2
+        frames += [(i, k / frames_per_step) for k in range(1, frames_per_step)] + [(i, 1.0)] * 3
     frames += [(len(steps) - 1, 1.0)] * 6
 
     fig, ax = plt.subplots(figsize=(4.2, 4.4), dpi=72)
+    ax.set_xlim(-1.65, 1.65), ax.set_ylim(-1.6, 1.75), ax.set_aspect("equal"), ax.axis("off")
+    ax.add_patch(plt.Circle((0, 0), 1.0, fill=False, color="0.8", lw=1, ls="--"))
+    # Artists made once and updated per frame: redrawing from scratch is several times slower.
+    blocks = {}
+    for r in range(p):
+        ax.text(math.cos(angle[r]), math.sin(angle[r]) + 0.24, f"rank {r}", ha="center",
+                fontsize=8, weight="bold")
+        for c in range(p):
+            x, y = block_xy(r, c)
+            blocks[r, c] = ax.add_patch(plt.Rectangle((x, y), bw, bw, fc=colours(c % 10), ec="black"))
+            ax.text(x + bw / 2, y - 0.08, f"c{c}", ha="center", fontsize=6)
+    flying = [ax.add_patch(plt.Rectangle((0, 0), bw, bw, ec="black", lw=1, visible=False))
+              for _ in range(p)]
+    title = ax.set_title("", fontsize=9)
+    ax.text(0, -1.5, f"{p} ranks, {p} chunks: each message is one chunk (~n/{p})",
+            ha="center", fontsize=7, color="0.3")
+    explain = {"start": "shade = how many ranks' data a chunk holds",
+               "reduce-scatter": "receive a chunk, add it to yours, pass it on",
+               "all-gather": "pass the finished chunks around, overwriting"}
 
     def draw(frame):
         i, t = frame
         phase, step, moves, after = steps[i]
-        before = steps[i - 1][3] if i > 0 else after
-        held = after if t >= 1.0 else before
-        ax.clear()
-        ax.set_xlim(-1.65, 1.65), ax.set_ylim(-1.6, 1.75), ax.set_aspect("equal"), ax.axis("off")
-        ring = plt.Circle((0, 0), 1.0, fill=False, color="0.8", lw=1, ls="--")
-        ax.add_patch(ring)
-        for r in range(p):
-            x, y = centre[r]
-            ax.text(x, y + 0.23, f"rank {r}", ha="center", fontsize=8, weight="bold")
-            for c in range(p):
-                bx, by = block_xy(r, c)
-                share = len(held[r][c]) / p
-                ax.add_patch(plt.Rectangle((bx - bw / 2, by - bw / 2), bw, bw, color=colours(c % 10),
-                                           alpha=0.15 + 0.85 * share, lw=0))
-                ax.add_patch(plt.Rectangle((bx - bw / 2, by - bw / 2), bw, bw, fill=False,
-                                           lw=2 if share == 1 else 0.5, color="black"))
-                ax.text(bx, by - bw / 2 - 0.07, f"c{c}", ha="center", fontsize=6)
-        if 0 < t < 1.0:  # chunks in flight, along the straight line between neighbours
-            for src, dst, c in moves:
-                (x0, y0), (x1, y1) = block_xy(src, c), block_xy(dst, c)
-                x, y = x0 + (x1 - x0) * t, y0 + (y1 - y0) * t + 0.35 * math.sin(math.pi * t)
-                ax.add_patch(plt.Rectangle((x - bw / 2, y - bw / 2), bw, bw, color=colours(c % 10),
-                                           ec="black", lw=1))
-        title = ("ring all-reduce: each rank starts with its own data" if phase == "start"
-                 else f"{phase}, step {step + 1} of {p - 1}")
-        what = {"start": "shade = how many ranks' data a chunk holds",
-                "reduce-scatter": "receive a chunk, add it to yours, pass it on",
-                "all-gather": "pass the finished chunks around, overwriting"}[phase]
-        ax.set_title(f"{title}\n{what}", fontsize=9)
-        ax.text(0, -1.5, f"{p} ranks, {p} chunks: each message is one chunk (~n/{p})",
-                ha="center", fontsize=7, color="0.3")
+        held = after if t >= 1.0 else steps[i - 1][3]
+        for (r, c), patch in blocks.items():
+            share = len(held[r][c]) / p
+            patch.set_alpha(0.15 + 0.85 * share)
+            patch.set_linewidth(2 if share == 1 else 0.5)
+        for k, patch in enumerate(flying):  # chunks in flight travel along the ring
+            patch.set_visible(0 < t < 1.0 and k < len(moves))
+            if patch.get_visible():
+                src, dst, c, _ = moves[k]
+                turn = (angle[dst] - angle[src] + math.pi) % (2 * math.pi) - math.pi  # short way
+                patch.set_xy(block_xy(src, c, angle[src] + turn * t))
+                patch.set_facecolor(colours(c % 10))
+        head = ("ring all-reduce: each rank starts with its own data" if phase == "start"
+                else f"{phase}, step {step + 1} of {p - 1}")
+        title.set_text(f"{head}\n{explain[phase]}")
 
     anim = FuncAnimation(fig, draw, frames=frames, interval=1000 / fps)
     anim.save(path, writer=PillowWriter(fps=fps))

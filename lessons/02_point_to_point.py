@@ -132,7 +132,7 @@ def lesson(rank, world_size, quick):
         f"{'alpha+beta*n':>13}")
     for r in rows:
         log(f"{r['bytes']:>10,} {r['seconds'] * 1e6:>8.1f}us {r['min'] * 1e6:>8.1f}us "
-            f"{r['max'] * 1e6:>8.1f}us {r['bandwidth'] / 1e6:>7.1f}MB/s "
+            f"{r['max'] * 1e6:>8.1f}us {r['bandwidth'] / 1e6:>7.3g}MB/s "
             f"{(alpha + beta * r['bytes']) * 1e6:>11.1f}us")
     log(f"fit: alpha = {alpha * 1e6:.1f} us per message, beta = {beta * 1e9:.3f} ns per byte "
         f"(bandwidth {1 / beta / 1e9 if beta else float('inf'):.2f} GB/s); a message must be "

@@ -17,7 +17,9 @@ some items are never seen).
 3. The classic bug of the old gloo MNIST example: it creates a DistributedSampler and then
    builds its DataLoader with shuffle=True instead of sampler=train_sampler. Nothing fails
    and nothing warns; every rank just trains on the whole dataset, so one "epoch" costs
-   world_size times the work. We detect it and count and time what it costs.
+   world_size times the work. We detect it and count and time what it costs. (Without a
+   GPU that example did not even wrap the model in DistributedDataParallel: its ranks
+   trained independent models, each on all the data - no distributed training at all.)
 
 Run:
     python lessons/05_partitioning.py --world-size 2
@@ -44,7 +46,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dist_sgd.data import get_dataset  # noqa: E402
-from dist_sgd.launch import launch, lesson_parser, log, rank_print  # noqa: E402
+from dist_sgd.launch import device, launch, lesson_parser, log, rank_print  # noqa: E402
 from dist_sgd.models import Net  # noqa: E402
 from dist_sgd.optim import SGD  # noqa: E402
 from dist_sgd.partition import (DataPartitioner, ShardSampler, check_sharded,  # noqa: E402
@@ -126,6 +128,7 @@ def sampler_part(rank, world_size, dataset, name):
 
 def one_epoch(model, loader, opt):
     for x, y in loader:
+        x, y = x.to(device()), y.to(device())
         opt.zero_grad()
         F.nll_loss(model(x), y).backward()
         average_gradients(model)
@@ -151,14 +154,15 @@ def bug_part(rank, world_size, dataset, quick):
     for label, loader in (("buggy", buggy), ("fixed", fixed)):
         report = shard_report(gather(loader_indices(loader)), n)
         log(f"{label}: {len(loader)} steps per rank per epoch; " + report_line(report, n))
-    model = Net()
+    model = Net().to(device())
     opt = SGD(model.parameters(), lr=0.01, momentum=0.5)
     # Interleaved (fixed, buggy, fixed, ...), each sample the slowest rank, medians reported.
     samples = time_alternating({"fixed": lambda: one_epoch(model, fixed, opt),
                                 "buggy": lambda: one_epoch(model, buggy, opt)},
                                repeats=2 if quick else 4, warmup=0 if quick else 1)
     timed = {k: summarize(v)["median"] for k, v in samples.items()}
-    log(f"one epoch of Net on {n} items (median of {len(samples['fixed'])}): fixed {timed['fixed']:.3f} s, "
+    log(f"one epoch of Net on {n} items (median of {len(samples['fixed'])}): "
+        f"fixed {timed['fixed']:.3f} s, "
         f"buggy {timed['buggy']:.3f} s -> {timed['buggy'] / timed['fixed']:.2f}x "
         f"(the count predicts {world_size}x"
         f"{'; --quick: too few steps to time well' if quick else ''})")

@@ -59,7 +59,7 @@ from torch.utils.data import TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dist_sgd.data import get_dataset  # noqa: E402
-from dist_sgd.launch import launch, lesson_parser, log, under_torchrun  # noqa: E402
+from dist_sgd.launch import device, launch, lesson_parser, log, under_torchrun  # noqa: E402
 from dist_sgd.models import Net  # noqa: E402
 from dist_sgd.optim import SGD  # noqa: E402
 from dist_sgd.sync import average_gradients, broadcast_parameters  # noqa: E402
@@ -86,7 +86,7 @@ def check_equivalence(rank, world_size, model, train, batch, dtype=torch.float64
     grad_diff = None
     for step in range(steps):
         here = slice(step * batch, (step + 1) * batch)  # this step's global batch
-        x, y = images[here].to(dtype), labels[here]
+        x, y = images[here].to(device(), dtype), labels[here].to(device())
         opt_ref.zero_grad()
         F.nll_loss(ref(x), y).backward()  # one process: the mean over all B items
         opt.zero_grad()
@@ -107,7 +107,7 @@ def check_accumulation(rank, world_size, model, train, batch, k=MICRO_BATCHES):
     """(d) k micro-batches of b per rank, loss / k each, one average_gradients, one step
     == one step on a single batch of k * B items in one process."""
     images, labels = train.tensors
-    x, y = images[:k * batch].double(), labels[:k * batch]
+    x, y = images[:k * batch].to(device(), torch.float64), labels[:k * batch].to(device())
     big, acc = copy.deepcopy(model).double().eval(), copy.deepcopy(model).double().eval()
     opt_big, opt_acc = SGD(big.parameters(), lr=LR), SGD(acc.parameters(), lr=LR)
     F.nll_loss(big(x), y).backward()
@@ -136,7 +136,7 @@ def run(rank, world_size, cfg):
         f"rank{'s' if world_size > 1 else ''} x {b} items ===")
 
     torch.manual_seed(SEED + rank)  # each rank initializes its own, different, random model
-    model = Net()
+    model = Net().to(device())  # this rank's GPU under NCCL, else the CPU
     before = max_diff_across_ranks(model)
     broadcast_parameters(model, src=0)  # ... and then takes rank 0's weights
     log(f"initial weights: max diff across ranks {before:.3g} before broadcast_parameters, "

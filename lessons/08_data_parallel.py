@@ -119,7 +119,9 @@ def demo(rank, world_size, replicas, dataset_name, quick):
             a, b = t["1 replica"], t[f"{replicas} threads"]
             log(f"  {cls.__name__:4s} batch {n:3d} {what:17s}: {1e3 * a:7.2f} ms vs "
                 f"{1e3 * b:7.2f} ms  -> speed-up {a / b:.2f}x")
-    log("  (speed-up < 1: the threads cost more than they save; backward stays in one thread)")
+    log("  (below 1x, the threads cost more than they save. Forward can gain where kernels are\n"
+        "   big enough to run side by side without the GIL; backward runs in one thread on the\n"
+        "   CPU whatever we do, and every replica's Python takes turns.)")
 
 
 def main():

@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dist_sgd.bench import common, comparison  # noqa: E402
 from dist_sgd.launch import lesson_parser, log  # noqa: E402
 
-TOLERANCE = {"max_grad_diff": 1e-5, "max_weight_diff": 1e-3}  # float32, after a whole epoch
+TOLERANCE = {"max_grad_diff": 1e-5, "max_weight_diff_early": 1e-5}  # float32 rounding
 
 
 def main():
@@ -65,9 +65,13 @@ def main():
             torch.testing.assert_close(torch.tensor(r[key]), torch.tensor(0.0), rtol=0, atol=tol,
                                        msg=f"{r['strategy']}: {key} = {r[key]:.2e} > {tol}")
     log(f"checked: every strategy within {TOLERANCE['max_grad_diff']:g} of the single process's "
-        f"gradients and {TOLERANCE['max_weight_diff']:g} of its weights "
+        f"gradients at step 1 and of its weights after {comparison.EARLY_STEPS} steps "
         f"(largest: {max(r['max_grad_diff'] for r in rows):.2e}, "
-        f"{max(r['max_weight_diff'] for r in rows):.2e})")
+        f"{max(r['max_weight_diff_early'] for r in rows):.2e}).\n"
+        f"After the whole epoch the largest weight difference is "
+        f"{max(r['max_weight_diff'] for r in rows):.2e}: the same rounding, amplified by "
+        f"hundreds of steps (a ReLU or max-pool that tips the other way), not a bug - compare "
+        f"the test accuracies.")
     ddp = {r["strategy"]: r for r in rows}
     if "our DDP" in ddp and "torch DDP" in ddp:
         log(f"our DDP vs torch DDP, time per step: {ddp['our DDP']['step_ms']:.2f} ms vs "

@@ -12,11 +12,13 @@ figures that `python -m dist_sgd.bench` draws into figures/:
     fig 6 atscale.png     the alpha-beta cost model from 1 to 1024 workers, vs published runs
 
 What it shows, in five points (the numbers printed below are from your machine):
-  1. No speed-up on a 2-core laptop. Two processes share two cores, so computing can at best
-     halve, while every step now also sends the whole gradient through the kernel's loopback
-     and waits for the slower rank. Past the core count (3 or 4 processes on 2 cores) the
-     processes take turns on the CPU: computing cannot get faster at all, and communication
-     gets slower (oversubscription).
+  1. Little or no speed-up on a 2-core laptop. With two processes each has a core, so
+     computing can at best halve; but every step now also sends the whole gradient through
+     the kernel's loopback (on the same two cores) and waits for the slower rank. For the
+     lessons' small Net, a step computes for a few milliseconds and communicating costs about
+     as much: two processes are no faster than one. The bigger BigNet gains something at two.
+     Past the core count (3 or 4 processes on 2 cores) the processes take turns on the CPU:
+     computing cannot get faster at all, and communication gets slower (oversubscription).
   2. A model of communication: a message of n bytes costs alpha + n * beta. All-reduce
      algorithms differ in how many messages (alpha terms) and how many bytes (beta terms)
      they need: dist_sgd/costmodel.py has the table.
@@ -60,6 +62,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dist_sgd import costmodel, models  # noqa: E402
 from dist_sgd.bench.scaling import build, make_steps  # noqa: E402
+from dist_sgd.costmodel import human_bytes  # noqa: E402
 from dist_sgd.launch import launch, lesson_parser, log, under_torchrun  # noqa: E402
 from dist_sgd.timing import summarize, time_alternating  # noqa: E402
 
@@ -83,7 +86,7 @@ def measure(rank, world_size, quick):
         max_diff = max(max_diff, (got - expected).abs().max().item())
 
     repeats = 3 if quick else 7
-    pp = ping_pong([8, 64 * KiB, 1 * MiB, 4 * MiB], repeats)
+    pp = ping_pong([8, 64 * KiB, 1 * MiB, 4 * MiB] if not quick else [8, 1 * MiB, 4 * MiB], repeats)
     times = {}
     for n in (16 * KiB, 4 * MiB):
         bufs = {a: torch.ones(n // 4) for a in ("tree", "ring", "gloo")}
@@ -91,11 +94,29 @@ def measure(rank, world_size, quick):
         cands["gloo"] = lambda t=bufs["gloo"]: dist.all_reduce(t)
         times[n] = {a: summarize(s)["median"] for a, s in time_alternating(cands, repeats, 1).items()}
 
-    batch = 16 if quick else 32
+    batch = 8 if quick else 32
+    # "single process": the same step with no communication, run on every rank at once
     steps = make_steps(build("bignet"), batch, ("single process", "average_gradients", "torch DDP"))
     step = {a: summarize(s)["median"] for a, s in time_alternating(steps, repeats, 1).items()}
     return {"max_diff": max_diff, "ping_pong": pp, "allreduce": times, "step": step,
             "batch": batch, "grad_bytes": 4 * models.count_parameters(build("bignet"))}
+
+
+def committed_scaling():
+    """Lines quoting the committed figure 3 numbers, if figures/scaling.csv is there."""
+    from dist_sgd.bench import common
+
+    try:
+        rows, facts = common.read_csv("scaling")
+    except (FileNotFoundError, OSError):
+        return []
+    lines = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for p in sorted({r["world_size"] for r in rows if r["world_size"] > 1}):
+            effs = [f"{r['strategy']} {r['efficiency']:.0%}" for r in rows
+                    if r["model"] == model and r["mode"] == "weak" and r["world_size"] == p]
+            lines.append(f"{model}, {p} processes: " + ", ".join(effs))
+    return lines + [f"(measured on: {facts})"]
 
 
 def walk_through(r, world_size):
@@ -107,23 +128,23 @@ def walk_through(r, world_size):
                                            [m["seconds"] for m in r["ping_pong"]])
     log("\n--- figure 2: point to point (ranks 0 and 1 play ping-pong) ---")
     for m in r["ping_pong"]:
-        log(f"  {m['bytes']:>9d} bytes: {m['seconds'] * 1e6:9.1f} us one way, "
+        log(f"  {human_bytes(m['bytes']):>9s}: {m['seconds'] * 1e6:9.1f} us one way, "
             f"{m['bandwidth'] / 1e9:6.3f} GB/s")
     log(f"  fit: alpha = {alpha * 1e6:.0f} us per message, 1/beta = {1 / beta / 1e9:.2f} GB/s"
-        f" -> below ~{alpha / beta / KiB:.0f} KiB a message is mostly latency")
+        f" -> below ~{human_bytes(alpha / beta)} a message is mostly latency")
 
     log(f"\n--- figure 1: all-reduce at world size {world_size}, measured vs the model ---")
     for n, t in r["allreduce"].items():
         cells = ", ".join(f"{a} {s * 1e3:.2f} ms (model {costmodel.predict_all_reduce(a, n, world_size, alpha, beta) * 1e3:.2f})"
                           if a != "gloo" else f"gloo {s * 1e3:.2f} ms" for a, s in t.items())
-        log(f"  {n // KiB:>5d} KiB: {cells}")
+        log(f"  {human_bytes(n):>7s}: {cells}")
     log("  (with 2 ranks ring and tree send the same number of messages; the difference shows "
         "at larger p - see figures/allreduce.png and the table below)")
     p, a10, b10 = 16, *costmodel.link(10, 25)
     for n in (16 * KiB, 64 * MiB):
         ring = costmodel.predict_all_reduce("ring", n, p, a10, b10)
         tree = costmodel.predict_all_reduce("tree", n, p, a10, b10)
-        log(f"  model, 16 workers on 10 GbE, {n // KiB:>6d} KiB: ring {ring * 1e3:7.2f} ms, "
+        log(f"  model, 16 workers on 10 GbE, {human_bytes(n):>7s}: ring {ring * 1e3:7.2f} ms, "
             f"tree {tree * 1e3:7.2f} ms -> {'ring' if ring < tree else 'tree'} wins")
 
     s = r["step"]
@@ -131,15 +152,25 @@ def walk_through(r, world_size):
     log(f"\n--- figures 3 and 4: a BigNet step, {r['batch']} samples per rank, "
         f"{r['grad_bytes'] / 1e6:.1f} MB of gradients ---")
     for name, t in s.items():
-        log(f"  {name:18s} {t * 1e3:7.1f} ms per step  ({r['batch'] * (1 if name == 'single process' else world_size) / t:7.0f} samples/s)")
+        label = "no communication" if name == "single process" else name
+        log(f"  {label:18s} {t * 1e3:7.1f} ms per step  "
+            f"({r['batch'] * (1 if name == 'single process' else world_size) / t:7.0f} samples/s)")
     for name in ("average_gradients", "torch DDP"):
-        eff = compute / s[name]
-        log(f"  {name}: weak-scaling efficiency {eff:.0%}, speed-up {world_size * eff:.2f}x "
-            f"over one process")
+        share = compute / s[name]
+        log(f"  {name}: {share:.0%} of a step computes, {1 - share:.0%} communicates or waits")
+    log("  (\"no communication\" ran on every rank at once, so it is as slow as a rank computes "
+        "here: the speed-up over a lone process is in figures/scaling.png)")
     log(f"  this machine has {cores} cores; {world_size} processes"
-        + (" share them: oversubscribed, so no speed-up is possible." if world_size > cores
+        + (" share them: oversubscribed, each computes slower than a lone process would, "
+           "so there is no speed-up." if world_size > cores
            else " each get one, yet each step also sends the gradients through the kernel "
-                "and waits for the slower rank."))
+                "(on the same cores) and waits for the slower rank."))
+    committed = committed_scaling()
+    if committed:
+        log("\n  from figures/scaling.csv (the committed full run; weak scaling, efficiency "
+            "vs one plain process):")
+        for line in committed:
+            log("    " + line)
 
     log("\n--- figure 6: the cost model at scale (BigNet's compute measured above) ---")
     for net, (gbit, lat) in (("10 GbE", (10, 25)), ("100 Gbit/s RDMA", (100, 5))):
@@ -163,10 +194,12 @@ def walk_through(r, world_size):
 def main():
     args = lesson_parser(__doc__, world_size=2).parse_args()
     log(__doc__.split("\n\n")[0])
-    results = launch(measure, args.world_size, args.quick, backend=args.backend)
-    world_size = dist.get_world_size() if dist.is_initialized() else args.world_size
-    if not under_torchrun() or int(os.environ.get("RANK", 0)) == 0:
-        walk_through(results[0], int(os.environ.get("WORLD_SIZE", world_size)))
+    # gloo unless asked otherwise: this lesson's tensors and models live on the CPU
+    results = launch(measure, args.world_size, args.quick, backend=args.backend or "gloo")
+    # The group is gone now (launch tears it down): under torchrun, print from RANK 0 only.
+    world_size = int(os.environ["WORLD_SIZE"]) if under_torchrun() else args.world_size
+    if not under_torchrun() or int(os.environ["RANK"]) == 0:
+        walk_through(results[0], world_size)
     if not args.quick and not under_torchrun():
         folder = tempfile.mkdtemp(prefix="lesson10_figures_")
         print(f"\n--- the quick benchmarks (figures 1-6 at small size) into {folder}; the "

@@ -167,25 +167,51 @@ def check_all_to_all(ck, rank, size, device="cpu"):
 
 
 def check_pipeline(ck, rank, size):
-    """Tiny segments and window: many segments per chunk, receive buffers reposted."""
+    """Tiny segments and window: many segments per message, receive buffers reposted, and
+    every collective's sender and receiver must cut messages alike."""
     old = allreduce.SEGMENT_BYTES, allreduce.WINDOW
     allreduce.SEGMENT_BYTES, allreduce.WINDOW = 16, 2  # 4 float32 per segment
     try:
         check_all_reduce_some(ck, rank, 203, "pipelined")
-        mine = values((101,), torch.float64, "sum", rank)
-        inputs = [values((101,), torch.float64, "sum", 100 * rank + j) for j in range(size)]
-        ref, ours = torch.empty(101, dtype=torch.float64), torch.empty(101, dtype=torch.float64)
-        dist.reduce_scatter(ref, inputs)
-        C.reduce_scatter(ours, inputs)
-        check(ours, ref, exact=False)
-        ref_list, ours_list = [torch.empty_like(mine) for _ in range(size)], [torch.empty_like(mine) for _ in range(size)]
-        dist.all_gather(ref_list, mine)
-        C.all_gather(ours_list, mine)
-        check(torch.stack(ours_list), torch.stack(ref_list), exact=True)
+        check_every_collective(ck, rank, size, 101)
     finally:
         allreduce.SEGMENT_BYTES, allreduce.WINDOW = old
-    # The real segment size: chunks of 1.2 MB, more than one segment each.
+    # The real segment size: messages of 1.2 MB, more than one segment each.
     check_all_reduce_some(ck, rank, 300_000 * size + 3, "big", ops=("sum",))
+    check_every_collective(ck, rank, size, 300_001)
+
+
+def check_every_collective(ck, rank, size, n):
+    mine = values((n,), torch.float32, "sum", rank)
+    root = size - 1
+    ref, ours = mine.clone(), mine.clone()
+    dist.broadcast(ref, src=root)
+    C.broadcast(ours, src=root)
+    check(ours, ref, exact=True)
+    ref, ours = mine.clone(), mine.clone()
+    dist.reduce(ref, dst=root)
+    C.reduce(ours, dst=root)
+    check(ours, ref if rank == root else mine, exact=rank != root)
+    ref_list = [torch.empty_like(mine) for _ in range(size)] if rank == root else None
+    ours_list = [torch.empty_like(mine) for _ in range(size)] if rank == root else None
+    dist.gather(mine, ref_list, dst=root)
+    C.gather(mine, ours_list, dst=root)
+    if rank == root:
+        check(torch.stack(ours_list), torch.stack(ref_list), exact=True)
+    pieces = [values((n,), torch.float32, "sum", 10 * rank + j) for j in range(size)]
+    ref, ours = torch.empty_like(mine), torch.empty_like(mine)
+    dist.scatter(ref, pieces if rank == root else None, src=root)
+    C.scatter(ours, pieces if rank == root else None, src=root)
+    check(ours, ref, exact=True)
+    ref_list, ours_list = [torch.empty_like(mine) for _ in range(size)], [torch.empty_like(mine) for _ in range(size)]
+    dist.all_gather(ref_list, mine)
+    C.all_gather(ours_list, mine)
+    check(torch.stack(ours_list), torch.stack(ref_list), exact=True)
+    ref, ours = torch.empty_like(mine), torch.empty_like(mine)
+    dist.reduce_scatter(ref, pieces)
+    C.reduce_scatter(ours, pieces)
+    check(ours, ref, exact=False)
+    ck.count += 1
 
 
 def check_all_reduce_some(ck, rank, n, label, ops=("sum", "max")):
@@ -273,7 +299,7 @@ def results(request):
 def expected_count(size):
     kinds, ops, algs = len(KINDS), len(OPS), len(C.ALL_REDUCE_ALGORITHMS)
     per_dtype = kinds * (ops * algs + size * 4 + ops - 1 + size + ops)
-    return len(DTYPES) * per_dtype + 3 * algs
+    return len(DTYPES) * per_dtype + 3 * algs + 2
 
 
 def test_matches_torch_and_ranks_agree(results):
@@ -359,4 +385,4 @@ def _cuda_cases(rank, size):
                     reason="needs 2 GPUs and NCCL")
 def test_cuda_tensors_over_nccl():
     counts = launch(_cuda_cases, 2, backend="nccl")
-    assert counts[0] == counts[1] == expected_count(2) - 3 * len(C.ALL_REDUCE_ALGORITHMS)
+    assert counts[0] == counts[1] == expected_count(2) - 3 * len(C.ALL_REDUCE_ALGORITHMS) - 2

@@ -85,6 +85,7 @@ def test_vectorized_and_helpers():
     t = predict_all_reduce("ring", np.array(SIZES), 4, 1e-5, 1e-9)
     assert t.shape == (len(SIZES),) and np.all(np.diff(t) > 0)
     assert costmodel.link(10, 25) == pytest.approx((25e-6, 0.8e-9))
+    assert [costmodel.human_bytes(n) for n in (8, 1536, 2 ** 26)] == ["8 B", "1.5 KiB", "64 MiB"]
     assert costmodel.bus_bandwidth(1 << 20, 2, 1e-3) == pytest.approx((1 << 20) / 1e-3)
     step, eff = costmodel.predict_step(0.2, 1e8, 64, "ring", 0, 1e-9, overlap=True)
     assert step == pytest.approx(0.2) and eff == pytest.approx(1.0)

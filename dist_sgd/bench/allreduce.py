@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from dist_sgd import costmodel
-from dist_sgd.bench import common, plots, sweep
+from dist_sgd.bench import common, sweep
 from dist_sgd.timing import summarize, time_alternating
 
 NAME = "allreduce"
@@ -114,6 +114,8 @@ def _error(fit, key, algorithm, row):
 
 def report(rows):
     """Issue 2's table (time and ratio to gloo) and the model's fit and error per size."""
+    from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
+
     by = {(r["world_size"], r["algorithm"], r["bytes"]): r for r in rows}
     algorithms = [a for a in dict.fromkeys(r["algorithm"] for r in rows) if a != "gloo"]
     model = fits(rows)
@@ -159,6 +161,8 @@ def report(rows):
 
 
 def draw():
+    from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
+
     rows, facts = common.read_csv(NAME)
     model = report(rows)
     names = list(dict.fromkeys(r["algorithm"] for r in rows))

@@ -22,10 +22,9 @@ several GPUs per node sharing one card does not change the ring's per-link bytes
 """
 import torch
 import torch.nn.functional as F
-from matplotlib.ticker import FuncFormatter
 
 from dist_sgd import costmodel, models
-from dist_sgd.bench import common, p2p, plots
+from dist_sgd.bench import common, p2p
 from dist_sgd.timing import summarize, time_alternating
 
 NAME = "atscale"
@@ -115,6 +114,10 @@ def report(rows):
 
 
 def draw():
+    from matplotlib.ticker import FuncFormatter
+
+    from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
+
     rows, facts = common.read_csv(NAME)
     report(rows)
     fig, axes = plots.figure(3, width=5.4, height=5.0)

@@ -22,7 +22,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from dist_sgd.bench import common, plots, sweep
+from dist_sgd.bench import common, sweep
 from dist_sgd.bench.scaling import STRATEGIES, build, make_steps
 from dist_sgd.timing import summarize, time_alternating
 
@@ -93,6 +93,8 @@ def report(rows):
 
 
 def draw():
+    from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
+
     rows, facts = common.read_csv(NAME)
     report(rows)
     model_names = list(dict.fromkeys(r["model"] for r in rows))
@@ -112,6 +114,10 @@ def draw():
                 ax.errorbar(x, r["step"] * 1e3, yerr=[[(r["step"] - r["step_min"]) * 1e3],
                                                        [(r["step_max"] - r["step"]) * 1e3]],
                             fmt="none", ecolor="black", capsize=3)
+                ax.annotate(f"{r['step'] * 1e3:.0f} ms\n{r['communication'] / r['step']:.0%} comm",
+                             (x, bottom), xytext=(0, 3), textcoords="offset points",
+                             ha="center", va="bottom", fontsize=7.5,
+                             bbox={"fc": "white", "alpha": 0.8, "lw": 0, "pad": 1})
                 labels.append((x, f"{short[name]}\np={p}"))
                 x += 1
             x += 0.6

@@ -40,7 +40,7 @@ def settings(quick):
     if quick:
         return {"world_sizes": (2,), "batch": 8, "repeats": 2, "warmup": 1,
                 "caps": (0, None), "cap": 1.0}
-    return {"world_sizes": (2, 4), "batch": 16, "repeats": 15, "warmup": 3,
+    return {"world_sizes": (2, 4), "batch": 16, "repeats": 25, "warmup": 3,
             "caps": SWEEP_CAPS, "cap": 1.0}
 
 
@@ -132,16 +132,15 @@ def print_speed(rows, cap):
 # ---- bucket_sweep --------------------------------------------------------------------------
 
 def _sweep_rank(rank, world_size, s):
-    steps = {}
+    steps, buckets = {}, {}
     for cap in s["caps"]:
         label = "one bucket" if cap is None else f"{cap:g}"
         steps[f"ours|{label}"] = make_step("ours", s["batch"], cap=cap)
         steps[f"torch|{label}"] = make_step("torch", s["batch"], cap=cap)
-        if rank == 0:
-            log(f"  bucket_cap_mb={label}: ours {len(steps[f'ours|{label}'].wrapped.buckets)} "
-                "bucket(s)")
+        buckets[label] = len(steps[f"ours|{label}"].wrapped.buckets)
     samples = time_alternating(steps, s["repeats"], s["warmup"])
-    return {"world_size": world_size, **{k: summarize(v) for k, v in samples.items()}}
+    return {"world_size": world_size, "buckets": buckets,
+            **{k: summarize(v) for k, v in samples.items()}}
 
 
 def measure_sweep(s):
@@ -150,17 +149,19 @@ def measure_sweep(s):
 
 
 def save_sweep(result):
-    rows, ws = [], result.pop("world_size")
+    result = dict(result)
+    rows, ws, buckets = [], result.pop("world_size"), result.pop("buckets")
     for key, r in result.items():
         who, label = key.split("|")
         rows.append({"world_size": ws, "who": who, "bucket_cap_mb": label,
+                     "our_buckets": buckets[label],
                      "median_ms": 1e3 * r["median"],
                      "min_ms": 1e3 * r["min"], "max_ms": 1e3 * r["max"], "n": r["n"]})
     for label in dict.fromkeys(r["bucket_cap_mb"] for r in rows):
         o, t = (next(r for r in rows if r["who"] == w and r["bucket_cap_mb"] == label)
                 for w in ("ours", "torch"))
-        log(f"  {label:>10s} MiB: ours {o['median_ms']:7.2f} ms, torch {t['median_ms']:7.2f} ms, "
-            f"ratio {o['median_ms'] / t['median_ms']:.3f}")
+        log(f"  {label:>10s} MiB ({o['our_buckets']} buckets): ours {o['median_ms']:7.2f} ms, "
+            f"torch {t['median_ms']:7.2f} ms, ratio {o['median_ms'] / t['median_ms']:.3f}")
     common.write_csv("bucket_sweep", rows)
     return rows
 
@@ -285,8 +286,9 @@ def draw_sweep():
         ax.errorbar(range(len(labels)), med, marker="o", label=name, color=plots.COLORS[name],
                     yerr=[[m - r["min_ms"] for m, r in zip(med, mine)],
                           [r["max_ms"] - m for m, r in zip(med, mine)]], capsize=3)
-    ax.set_xticks(range(len(labels)), [lab.replace("0", "0\n(per param)") if lab == "0"
-                                       else lab for lab in labels])
+    counts = {str(r["bucket_cap_mb"]): r["our_buckets"] for r in rows}
+    ax.set_xticks(range(len(labels)), [f"{lab}\n({counts[lab]} bucket{'s' * (counts[lab] > 1)})"
+                                       for lab in labels])
     ax.set_xlabel("bucket_cap_mb (MiB)")
     ax.set_ylabel("step time, ms (median, min-max)")
     ax.legend()

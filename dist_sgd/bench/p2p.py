@@ -7,7 +7,7 @@ figure 6 (atscale) reuses this fit for "this machine's" network.
 """
 import numpy as np
 
-from dist_sgd.bench import common, plots
+from dist_sgd.bench import common
 from dist_sgd.costmodel import fit_alpha_beta
 from dist_sgd.launch import launch
 
@@ -27,7 +27,7 @@ def _worker(rank, world_size, sizes_bytes, repeats):
 
 def measure(quick=False):
     repeats = 5 if quick else 20
-    rows = launch(_worker, 2, sizes(quick), repeats)[0]
+    rows = launch(_worker, 2, sizes(quick), repeats, backend="gloo")[0]  # CPU, as every figure
     write(rows, repeats)
 
 
@@ -52,6 +52,8 @@ def load_fit():
 
 
 def report(rows):
+    from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
+
     alpha, beta = fit(rows)
     print(f"ping-pong between 2 ranks: fit t = alpha + n * beta: alpha = {alpha * 1e6:.1f} us, "
           f"1/beta = {1 / beta / 1e9:.2f} GB/s")
@@ -65,6 +67,8 @@ def report(rows):
 
 
 def draw():
+    from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
+
     rows, facts = common.read_csv(NAME)
     alpha, beta = report(rows)
     n = np.array([r["bytes"] for r in rows], dtype=float)

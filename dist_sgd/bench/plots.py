@@ -8,20 +8,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from dist_sgd.bench import common  # noqa: E402
+from dist_sgd.costmodel import human_bytes  # noqa: E402,F401 - tick labels, tables
 
 COLORS = {"naive": "tab:gray", "tree": "tab:green", "ring": "tab:blue",
           "halving_doubling": "tab:purple", "gloo": "tab:red", "parameter_server": "tab:brown",
           "average_gradients": "tab:orange", "our DDP": "tab:blue", "torch DDP": "tab:red",
           "single process": "black"}
-
-
-def human_bytes(n, _pos=None):
-    """1024 -> '1 KiB', 3 * 2**20 -> '3 MiB' (for tick labels and tables)."""
-    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= size:
-            value = n / size
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
-    return f"{n:.0f} B"
 
 
 def cores(facts):
@@ -35,7 +27,7 @@ def cores(facts):
 def bytes_axis(ax, axis="x"):
     """A log2 axis labelled in B / KiB / MiB."""
     getattr(ax, f"set_{axis}scale")("log", base=2)
-    getattr(ax, f"{axis}axis").set_major_formatter(FuncFormatter(human_bytes))
+    getattr(ax, f"{axis}axis").set_major_formatter(FuncFormatter(lambda n, _pos: human_bytes(n)))
 
 
 def figure(ncols, nrows=1, width=5.2, height=4.2):

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from dist_sgd import models
-from dist_sgd.bench import common, plots, sweep
+from dist_sgd.bench import common, sweep
 from dist_sgd.timing import summarize, time_alternating
 
 NAME = "scaling"
@@ -129,6 +129,8 @@ def report(rows):
 
 
 def draw():
+    from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
+
     rows, facts = common.read_csv(NAME)
     report(rows)
     cores = rows[0]["cores"]
@@ -166,7 +168,7 @@ def draw():
             else:
                 ax.axhline(1.0, color="k", ls="--", lw=1, label="ideal")
                 ax.set_ylabel("parallel efficiency")
-                ax.set_ylim(0, 1.15)
+                ax.set_ylim(0, max(1.15, max(r["efficiency"] for r in sel) * 1.1))
             if ps[-1] > cores:
                 ax.axvspan(cores + 0.5, ps[-1] + 0.5, color="gray", alpha=0.15, hatch="//",
                            label=f"oversubscribed (> {cores} cores)")

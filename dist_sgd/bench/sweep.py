@@ -21,7 +21,8 @@ def over_world_sizes(name, worker, world_sizes, *args, finish=None):
     for p in world_sizes:
         print(f"  {name} at world size {p}", flush=True)
         try:
-            rows += launch(worker, p, *args)[0]
+            # gloo even where GPUs exist: these figures measure CPU processes (the README's laptop)
+            rows += launch(worker, p, *args, backend="gloo")[0]
         except RankError as e:
             print(f"  {name} at world size {p} FAILED: {str(e).splitlines()[0]}", flush=True)
             failed.append((p, e))
