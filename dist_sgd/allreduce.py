@@ -1,57 +1,24 @@
-"""The four all-reduce algorithms, and the wire they talk over, built from send/recv alone.
+"""The four all-reduce algorithms, and the wire (Link) they talk over: send/recv alone.
 
-Each function takes a Link (one call's connection to its peers) and a flat contiguous tensor,
-and leaves the reduction of every rank's tensor in it, the same bytes on every rank.
-With p ranks, n bytes, a latency a per message and a time b per byte (the alpha-beta model):
+Each algorithm takes a Link and a flat contiguous tensor and leaves in it the reduction of
+every rank's tensor, the same bytes on every rank. For p ranks, n bytes, a latency a per
+message and b seconds per byte (the alpha-beta model):
 
-    naive             everyone -> rank 0, rank 0 reduces, rank 0 -> everyone   2(p-1)(a + n b)
-    tree              binomial tree: reduce to rank 0, then broadcast          2 log2(p) (a + n b)
-    ring              reduce-scatter, then all-gather, over p chunks           2(p-1) a + 2(p-1)/p n b
-    halving_doubling  recursive halving, then recursive doubling (Rabenseifner) 2 log2(p) a + 2(p-1)/p n b
+    naive             everyone -> rank 0, which reduces and sends back   2(p-1)(a + n b)
+    tree              binomial tree to rank 0, then back down           2 log2(p) (a + n b)
+    ring              reduce-scatter + all-gather over p chunks         2(p-1) a + 2(p-1)/p n b
+    halving_doubling  recursive halving + doubling (Rabenseifner)       2 log2(p) a + 2(p-1)/p n b
 
-The ring and halving-doubling only ever send pieces of the tensor, so each rank sends about
-2n bytes in total whatever p is: that is what makes them bandwidth-optimal.
-collectives.py is the public API; it reuses the ring's two phases for reduce_scatter and
-all_gather, and the tree for reduce and broadcast.
+Ring and halving-doubling only send pieces: each rank sends ~2n bytes whatever p is (the
+least possible). collectives.py, the public API, reuses the ring's phases for
+reduce_scatter and all_gather, and the tree for reduce and broadcast.
 """
 import os
 
 import torch
 import torch.distributed as dist
-from torch.distributed import ReduceOp
 
 ALL_REDUCE_ALGORITHMS = ("naive", "tree", "ring", "halving_doubling")
-
-
-def _sum(acc, x):
-    acc.add_(x)
-
-
-def _product(acc, x):
-    acc.mul_(x)
-
-
-def _min(acc, x):
-    torch.minimum(acc, x, out=acc)  # out= writes in place: no temporary tensor
-
-
-def _max(acc, x):
-    torch.maximum(acc, x, out=acc)
-
-
-# A list, not a dict: ReduceOp(ReduceOp.SUM) and ReduceOp.SUM compare equal but hash differently.
-_REDUCERS = [(ReduceOp.SUM, _sum), (ReduceOp.PRODUCT, _product),
-             (ReduceOp.MIN, _min), (ReduceOp.MAX, _max)]
-
-
-def reducer(op):
-    """The in-place function acc <- op(acc, x) for a torch.distributed ReduceOp."""
-    if isinstance(op, (ReduceOp, ReduceOp.RedOpType)):
-        for known, fn in _REDUCERS:
-            if op == known:
-                return fn
-    raise ValueError(f"op must be one of ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, "
-                     f"ReduceOp.MAX; got {op!r}")
 
 
 def split(n, parts):
@@ -76,22 +43,24 @@ WINDOW = 4
 
 
 class Link:
-    """One collective call's wire to its peers: sends, receives, the trace and the verbose print.
+    """One collective call's wire to its peers: sends, receives, the trace, the verbose print.
 
-    It is made afresh for every call (no module-level state): it reads DIST_SGD_VERBOSE
-    then, appends to the caller's `trace` list, if any, one dict per message sent, and keeps
-    the call's one scratch buffer for reductions, reused at every step.
+    Made afresh for every call (no module-level state): it reads DIST_SGD_VERBOSE then,
+    appends one dict per message sent to the caller's `trace` list, if any, and keeps the
+    call's one scratch buffer for reductions, reused at every step.
     """
 
     def __init__(self, algorithm, trace=None):
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self.algorithm, self.trace = algorithm, trace
         self.verbose = os.environ.get("DIST_SGD_VERBOSE", "0") not in ("", "0")
-        # NCCL runs a send and a receive between the same two ranks on one stream: each
-        # would wait for the other's partner forever unless they are launched as one group.
         self.nccl = dist.get_backend() == "nccl"
         self.phase, self.step, self.scratch = "", 0, None
         self.sending = []  # (chunk, handle) of sends posted but not yet waited for: flush()
+        # NCCL runs a send and a receive between the same two ranks on one stream: each
+        # would wait for the other's partner forever unless both are launched as one group
+        # (batch_isend_irecv). So on NCCL sends wait here for the next receive, or flush().
+        self.queued = []
 
     def at(self, phase, step):
         self.phase, self.step = phase, step
@@ -111,10 +80,8 @@ class Link:
 
     def cut(self, t):
         """t as the messages it travels in: segments of SEGMENT_BYTES (none if t is empty).
-
-        Sender and receiver cut the same way, since both know the size: a receive must
-        expect exactly the bytes of one send. NCCL sends whole chunks (see exchange_reduce).
-        """
+        Both sides know the size, so they cut alike: a receive expects exactly one send's
+        bytes. NCCL sends whole chunks (see exchange_reduce)."""
         if t is None or t.numel() == 0:
             return []
         if self.nccl:
@@ -128,13 +95,20 @@ class Link:
             self.note("send", dst, send_chunk, t, where)
         for t in recvs:
             self.note("recv", src, recv_chunk, t)
-        ops = [(dist.isend, t, dst) for t in sends] + [(dist.irecv, t, src) for t in recvs]
+        ops = [(dist.isend, t, dst, send_chunk) for t in sends]
+        if self.nccl:  # hold sends back until a receive (or flush) can be launched with them
+            ops, self.queued = self.queued + ops, []
+            if not recvs:
+                self.queued = ops
+                return []
+        n_send = len(ops)
+        ops += [(dist.irecv, t, src, recv_chunk) for t in recvs]
         if self.nccl and len(ops) > 1:
-            works = dist.batch_isend_irecv([dist.P2POp(fn, t, peer) for fn, t, peer in ops])
+            works = dist.batch_isend_irecv([dist.P2POp(fn, t, peer) for fn, t, peer, _ in ops])
         else:
-            works = [fn(t, peer) for fn, t, peer in ops]
-        self.sending += [(send_chunk, work) for work in works[:len(sends)]]
-        return works[len(sends):]
+            works = [fn(t, peer) for fn, t, peer, _ in ops]
+        self.sending += [(op[3], work) for op, work in zip(ops[:n_send], works[:n_send])]
+        return works[n_send:]
 
     def isend(self, t, dst, chunk=None, where=None):
         """Start sending t to dst; flush() waits for it."""
@@ -144,22 +118,17 @@ class Link:
         """Start receiving into t from src; returns the handles to wait() on."""
         return self._post([], None, self.cut(t), src, recv_chunk=chunk)
 
-    def send(self, t, dst, chunk=None):
-        self.isend(t, dst, chunk)
-
     def recv(self, t, src, chunk=None):
         for work in self.irecv(t, src, chunk):
             work.wait()
 
     def exchange(self, send, dst, recv, src, send_chunk=None, recv_chunk=None):
-        """Send `send` to dst while receiving into `recv` from src; empty messages are skipped
-        (both sides know every size, so both skip the same ones).
+        """Send `send` to dst while receiving into `recv` from src (empty ones are skipped:
+        both sides know every size, so both skip the same ones).
 
-        Both are posted before waiting on either: if every rank in a ring first did a blocking
-        send, each would wait for a neighbour that is itself stuck sending (a deadlock: on
-        gloo a send waits until the receiver has posted its receive). Posting isend before
-        the receive lets both directions move at once: a step costs one message time, not two.
-        """
+        Both are posted before waiting on either: if every rank of a ring did a blocking send
+        first, each would wait for a neighbour itself stuck sending (a deadlock: on gloo a send
+        waits until its receiver is ready). isend first lets both directions move at once."""
         for work in self._post(self.cut(send), dst, self.cut(recv), src, send_chunk, recv_chunk):
             work.wait()
 
@@ -193,11 +162,13 @@ class Link:
                 pending += self._post([], dst, [later], src, recv_chunk=recv_chunk)
 
     def flush(self, chunk=None):
-        """Wait for the sends still in flight (of one chunk, or all).
-
-        Sends are not waited for at each step: only receives gate the next step, so a rank
-        need not wait for its right neighbour to catch up. But a buffer must not be
-        overwritten, nor handed back to the caller, while a send still reads it."""
+        """Wait for the sends still in flight (of one chunk, or all). Steps wait only for
+        their receives, not their sends, so a rank need not wait for its right neighbour to
+        catch up; but a buffer must not be overwritten, nor handed back, while a send reads it."""
+        if self.queued and (chunk is None or any(op[3] == chunk for op in self.queued)):
+            self.queued, ops = [], self.queued
+            works = dist.batch_isend_irecv([dist.P2POp(fn, t, peer) for fn, t, peer, _ in ops])
+            self.sending += [(op[3], work) for op, work in zip(ops, works)]
         keep = []
         for c, work in self.sending:
             if chunk is None or c == chunk:
@@ -205,7 +176,6 @@ class Link:
             else:
                 keep.append((c, work))
         self.sending = keep
-
 
 
 # ---- the ring: its two phases are also reduce_scatter and all_gather --------------------------
@@ -279,7 +249,7 @@ def tree_reduce(link, flat, reduce, root=0, inplace=True):
     acc, mask, step = flat, 1, 0
     while mask < p:
         if vr & mask:
-            link.at("reduce", step).send(acc, (vr - mask + root) % p)
+            link.at("reduce", step).isend(acc, (vr - mask + root) % p)
             break
         if vr + mask < p:
             if acc is flat and not inplace:
@@ -302,7 +272,7 @@ def tree_broadcast(link, flat, root=0):
     mask >>= 1
     while mask > 0:
         if vr + mask < p:
-            link.at("broadcast", mask.bit_length() - 1).send(flat, (vr + mask + root) % p)
+            link.at("broadcast", mask.bit_length() - 1).isend(flat, (vr + mask + root) % p)
         mask >>= 1
 
 
@@ -321,14 +291,14 @@ def naive(link, flat, reduce):
     algorithms remove.
     """
     if link.rank != 0:
-        link.at("reduce", 0).send(flat, 0)
+        link.at("reduce", 0).isend(flat, 0)
         link.flush()
         link.at("broadcast", 0).recv(flat, 0)
         return
     for src in range(1, link.size):
         link.at("reduce", src - 1).exchange_reduce(None, None, flat, src, reduce)
     for dst in range(1, link.size):
-        link.at("broadcast", dst - 1).send(flat, dst)
+        link.at("broadcast", dst - 1).isend(flat, dst)
 
 
 # ---- recursive halving-doubling (Rabenseifner) ----------------------------------------------
@@ -348,7 +318,7 @@ def halving_doubling(link, flat, reduce):
     rem = p - p2
     if r < 2 * rem:
         if r % 2 == 0:
-            link.at("fold-in", 0).send(flat, r + 1)
+            link.at("fold-in", 0).isend(flat, r + 1)
             link.flush()
             link.at("fold-out", 0).recv(flat, r + 1)
             return
@@ -382,7 +352,7 @@ def halving_doubling(link, flat, reduce):
         lo, hi = min(lo, theirs[0]), max(hi, theirs[1])
         mask, step = mask << 1, step + 1
     if r < 2 * rem:
-        link.at("fold-out", 0).send(flat, r - 1)
+        link.at("fold-out", 0).isend(flat, r - 1)
 
 
 ALGORITHMS = {"naive": naive, "tree": tree, "ring": ring, "halving_doubling": halving_doubling}

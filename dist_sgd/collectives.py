@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from .allreduce import (ALGORITHMS, ALL_REDUCE_ALGORITHMS, Link, reducer, ring_all_gather,
+from .allreduce import (ALGORITHMS, ALL_REDUCE_ALGORITHMS, Link, ring_all_gather,
                         ring_reduce_scatter, tree_broadcast, tree_reduce)
 
 __all__ = ["broadcast", "reduce", "all_reduce", "all_gather", "gather", "scatter",
@@ -31,6 +31,25 @@ __all__ = ["broadcast", "reduce", "all_reduce", "all_gather", "gather", "scatter
 
 
 # ---- checks: fail loudly, on this rank, before any message is sent ------------------------
+
+# In place, so a reduction allocates nothing (out= is torch.minimum's in-place form).
+# A list, not a dict: ReduceOp(ReduceOp.SUM) and ReduceOp.SUM compare equal but hash differently.
+_REDUCERS = [(ReduceOp.SUM, lambda acc, x: acc.add_(x)),
+             (ReduceOp.PRODUCT, lambda acc, x: acc.mul_(x)),
+             (ReduceOp.MIN, lambda acc, x: torch.minimum(acc, x, out=acc)),
+             (ReduceOp.MAX, lambda acc, x: torch.maximum(acc, x, out=acc))]
+
+
+def reducer(op):
+    """The in-place function acc <- op(acc, x) for a torch.distributed ReduceOp."""
+    if isinstance(op, (ReduceOp, ReduceOp.RedOpType)):
+        for known, fn in _REDUCERS:
+            if op == known:
+                return fn
+    raise ValueError(f"op must be one of ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, "
+                     f"ReduceOp.MAX; got {op!r}")
+
+
 
 def _world():
     if not dist.is_initialized():
@@ -173,7 +192,7 @@ def gather(tensor, gather_list=None, dst=0):
     if rank != dst:
         if gather_list:
             raise ValueError("gather_list must be None (or empty) on non-destination ranks")
-        link.send(_flat(tensor), dst, chunk=rank)
+        link.isend(_flat(tensor), dst, chunk=rank)
         link.flush()
         return
     _check_list(gather_list, "gather_list", tensor, size)

@@ -31,6 +31,7 @@ from torch.utils.data import TensorDataset
 from dist_sgd.launch import log
 
 NAMES = ("auto", "mnist", "fashion-mnist", "synthetic")
+LABELS = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST", "synthetic": "synthetic"}
 FASHION_DIRS = ("/usr/share/datasets/fashion-mnist",)
 # Per-dataset pixel statistics of the 60,000 training images (pixels scaled to [0, 1]);
 # test images are normalized with the *training* statistics, as the classic example does.
@@ -204,7 +205,7 @@ def fashion_mnist(train=True, root="data"):
                                      paths, lambda: _read_pair(paths))
             return _make("fashion-mnist", images, labels, f"IDX files in {directory}")
     raise DatasetNotFound(
-        f"Fashion-MNIST IDX files ({', '.join(FILES[train])}, .gz or not) not found in "
+        f"IDX files {', '.join(FILES[train])} (.gz or not) not found in "
         f"{' or '.join(tried)}. Get them with `apt-get install dataset-fashion-mnist` (Debian), "
         "or download them from https://github.com/zalandoresearch/fashion-mnist and set "
         "DIST_SGD_FASHION_MNIST to their directory")
@@ -252,20 +253,25 @@ def get_dataset(name="auto", train=True, root="data", quiet=False):
     split = "train" if train else "test"
     if name == "auto":
         skipped = []
-        for candidate, load in (("MNIST", lambda: mnist(train, root)),
-                                ("Fashion-MNIST", lambda: fashion_mnist(train, root))):
+        for candidate, load in (("mnist", lambda: mnist(train, root)),
+                                ("fashion-mnist", lambda: fashion_mnist(train, root))):
             try:
                 dataset = load()
                 break
             except DatasetNotFound as e:
-                skipped.append(f"{candidate} not available: {e}")
+                skipped.append(f"{LABELS[candidate]} not available: {e}")
         else:
             dataset = synthetic(train=train)
         why = "".join(f"; {s}" for s in skipped)
     else:
         loaders = {"mnist": lambda: mnist(train, root), "synthetic": lambda: synthetic(train=train),
                    "fashion-mnist": lambda: fashion_mnist(train, root)}
-        dataset = loaders[name]()
+        try:
+            dataset = loaders[name]()
+        except DatasetNotFound as e:
+            hint = (f". Run where it downloads (torchvision fetches it into {root}/MNIST/raw), "
+                    "copy the four files there, or use fashion-mnist") if name == "mnist" else ""
+            raise DatasetNotFound(f"{LABELS[name]} not available: {e}{hint}") from None
     dataset.source += why
     if not quiet:
         log(f"dataset: {dataset.name} ({len(dataset)} {split} images, {dataset.source})")

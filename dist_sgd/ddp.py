@@ -223,8 +223,9 @@ class DistributedDataParallel(nn.Module):
         bucket.pending -= 1
 
     def _launch_complete_buckets(self):
-        while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
-            bucket = self.buckets[self._next_bucket]
+        buckets = self.buckets
+        while self._next_bucket < len(buckets) and buckets[self._next_bucket].pending == 0:
+            bucket = buckets[self._next_bucket]
             bucket.flags.copy_(torch.tensor(bucket.used, dtype=bucket.flags.dtype))
             self._record("launch", bucket=bucket.index)
             on_done = None

@@ -16,6 +16,7 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import pickle
+import shutil
 import socket
 import tempfile
 import time
@@ -116,6 +117,7 @@ def _teardown(ok):
 
 
 def _child(fn, rank, world_size, args, backend, url, timeout, threads, env, conn):
+    os.environ.clear()  # the launcher's environment now, not the fork server's from earlier
     os.environ.update(env)
     torch.set_num_threads(threads)  # one process per rank: more threads only fight for cores
     # Results travel as plain pickles (copies): torch's shared-memory tensors would vanish
@@ -132,6 +134,19 @@ def _child(fn, rank, world_size, args, backend, url, timeout, threads, env, conn
             conn.send_bytes(pickle.dumps(("error", f"{type(e).__name__}: {e}", traceback.format_exc())))
         finally:
             os._exit(1)  # skip the teardown: peers may be gone, and nothing must block here
+
+
+def _context():
+    """How ranks start. "forkserver" (default): one server process imports torch once, and
+    each rank is forked from it in milliseconds, instead of a fresh interpreter importing
+    torch (~2 s per rank on 2 cores, most of a test's time). The server has run no torch
+    code, so it holds no thread pool or CUDA state that a fork could break (forking *this*
+    process, which may have, can deadlock). DIST_SGD_START_METHOD=spawn is the plain way."""
+    method = os.environ.get("DIST_SGD_START_METHOD", "forkserver")
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "dist_sgd.launch"])
+    return ctx
 
 
 def launch(fn, world_size=None, *args, backend=None, init_method="env",
@@ -153,12 +168,12 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
     url = init_url(init_method, workdir)
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size)}
-    ctx = mp.get_context("spawn")  # fork after torch has threads can deadlock; spawn is safe
+    ctx = _context()
     procs, conns = [], []
     try:
         for rank in range(world_size):
             recv_end, send_end = ctx.Pipe(duplex=False)
-            rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
+            rank_env = dict(os.environ, **env, RANK=str(rank), LOCAL_RANK=str(rank))
             p = ctx.Process(target=_child, name=f"rank{rank}",
                             args=(fn, rank, world_size, args, backend, url, timeout, threads,
                                   rank_env, send_end))
@@ -169,6 +184,7 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
         return _collect(procs, conns)
     finally:
         _stop(procs)
+        shutil.rmtree(workdir, ignore_errors=True)  # the file:// rendezvous, if any
 
 
 # When one rank fails, its peers usually fail a moment later *because* of it ("Connection

@@ -114,8 +114,10 @@ def main():
         expected, diff = check(results, n)
         log(f"every rank returned; all-reduce of rank+1 = {results[0]['sum']:g} on every rank, "
             f"expected {expected:g}: max difference {diff:g}")
-        log(f"the whole launch took {seconds:.1f} s, most of it starting {n} Python processes "
-            "that each import torch: start processes once, not per step")
+        log(f"the whole launch took {seconds:.1f} s" + (
+            ": most of it a helper process importing torch once (~1-2 s); the ranks are "
+            "forked from it, so the next launches take a fraction of a second" if
+            method == INIT_METHODS[0] else ": ranks forked from the helper that imported torch"))
     log(f"\nprocesses left behind after the launches: {len(mp.active_children())}")
 
     log(f"\n--- a rank that fails: rank {n - 1} raises, the others wait at a barrier ---")

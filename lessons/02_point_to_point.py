@@ -57,6 +57,14 @@ SIZES = [8 * 8 ** k for k in range(8)] + [64 * 2 ** 20]  # 8 B, 64 B, ..., 16 Mi
 QUICK_SIZES = [8, 4096, 2 ** 18, 2 ** 22]
 
 
+def rate(bytes_per_second):
+    """1234567 -> '1.23 MB/s'."""
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bytes_per_second >= scale:
+            return f"{bytes_per_second / scale:.3g} {unit}"
+    return f"{bytes_per_second:.3g} B/s"
+
+
 def ring_sum(blocking):
     """Pass tensors around the ring N-1 times, summing what arrives; check vs all_reduce."""
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -132,7 +140,7 @@ def lesson(rank, world_size, quick):
         f"{'alpha+beta*n':>13}")
     for r in rows:
         log(f"{r['bytes']:>10,} {r['seconds'] * 1e6:>8.1f}us {r['min'] * 1e6:>8.1f}us "
-            f"{r['max'] * 1e6:>8.1f}us {r['bandwidth'] / 1e6:>7.3g}MB/s "
+            f"{r['max'] * 1e6:>8.1f}us {rate(r['bandwidth']):>11} "
             f"{(alpha + beta * r['bytes']) * 1e6:>11.1f}us")
     log(f"fit: alpha = {alpha * 1e6:.1f} us per message, beta = {beta * 1e9:.3f} ns per byte "
         f"(bandwidth {1 / beta / 1e9 if beta else float('inf'):.2f} GB/s); a message must be "

@@ -59,7 +59,7 @@ from dist_sgd.ddp_steps import HookDDP, NaiveDDP  # noqa: E402
 from dist_sgd.launch import launch, lesson_parser, log, rank_print  # noqa: E402
 from dist_sgd.models import Net  # noqa: E402
 
-GLOBAL_BATCH, SMALL_CAP = 64, 0.01  # 0.01 MiB cuts Net's 87 KB of gradients into 3 buckets
+RANK_BATCH, SMALL_CAP = 32, 0.01  # 0.01 MiB cuts Net's 87 KB of gradients into 3 buckets
 
 
 def net(seed):
@@ -89,15 +89,16 @@ def show_trace(trace, limit=14):
 
 def demo(rank, world_size, dataset_name, quick):
     images, labels = get_dataset(dataset_name, quiet=True).tensors
-    x, y = images[:GLOBAL_BATCH], labels[:GLOBAL_BATCH]
-    mine = slice(rank * GLOBAL_BATCH // world_size, (rank + 1) * GLOBAL_BATCH // world_size)
+    # Equal shares: the mean of the ranks' mean losses is then the global batch's mean loss.
+    x, y = images[:RANK_BATCH * world_size], labels[:RANK_BATCH * world_size]
+    mine = slice(rank * RANK_BATCH, (rank + 1) * RANK_BATCH)
     reference = net(0)  # one process, the whole global batch, rank 0's starting weights
     F.nll_loss(reference(x), y).backward()
 
     def backward(model):
         F.nll_loss(model(x[mine]), y[mine]).backward()
 
-    log(f"\n1. NaiveDDP: broadcast at construction, average_gradients after backward")
+    log("\n1. NaiveDDP: broadcast at construction, average_gradients after backward")
     model = net(seed=rank)  # every rank starts from different weights ...
     before = model.conv1.weight[0, 0, 0, 0].item()
     wrapped = NaiveDDP(model)  # ... and takes rank 0's
@@ -110,7 +111,7 @@ def demo(rank, world_size, dataset_name, quick):
                f"{model.fc2.weight.grad.norm():.6f} (everyone's)")
     check("NaiveDDP", model, reference)
 
-    log(f"\n2. HookDDP: an asynchronous all-reduce per parameter, launched by its hook")
+    log("\n2. HookDDP: an asynchronous all-reduce per parameter, launched by its hook")
     model = net(seed=rank)
     wrapped = HookDDP(model)
     wrapped.trace = []
@@ -141,8 +142,8 @@ def demo(rank, world_size, dataset_name, quick):
     log("\nMeasuring on BigNet (1.2 M parameters): one traced backward pass"
         + ("" if quick else ", then the bucket sweep (a minute or two)") + " ...")
     s = bench.settings(quick)
-    timeline = bench._timeline_rank(rank, world_size, s)
-    sweep = None if quick else bench._sweep_rank(rank, world_size, s)
+    timeline = bench.timeline_rank(rank, world_size, s)
+    sweep = None if quick else bench.sweep_rank(rank, world_size, s)
     return timeline, sweep
 
 

@@ -47,7 +47,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dist_sgd.data import get_dataset  # noqa: E402
-from dist_sgd.data_parallel import DataParallel, gather, parallel_apply, replicate, scatter  # noqa: E402
+from dist_sgd.data_parallel import (DataParallel, gather, parallel_apply, replicate,  # noqa: E402
+                                    scatter)
 from dist_sgd.launch import launch, lesson_parser, log  # noqa: E402
 from dist_sgd.models import MLP, Net  # noqa: E402
 from dist_sgd.timing import summarize, time_alternating  # noqa: E402

@@ -1,6 +1,6 @@
 """Lesson 09: the comparison - one network, one epoch, six ways to train it.
 
-Everything built so far, side by side, on the same data, seeds and global batch (64):
+Everything built so far, side by side, on the same data, seeds and global batch (96):
   single process      the baseline every other way must reproduce
   average_gradients   lesson 06: all-reduce every gradient after backward
   our DDP             lesson 07: buckets, all-reduced during backward
@@ -8,22 +8,25 @@ Everything built so far, side by side, on the same data, seeds and global batch 
   our DataParallel    lesson 08: one process, replicas in threads
   nn.DataParallel     only with 2+ GPUs (with none, torch's just calls the module)
 
-For each: the largest gradient difference at the first step and weight difference after the
-epoch against the single process, the loss of every global batch (one plot: the curves lie on
-top of each other), test accuracy after the epoch, time per step, the share of a step spent
-communicating, and peak memory per process. The code is dist_sgd/bench/comparison.py; the
-figures and their CSVs go to figures/ (comparison_loss.png, comparison_time.png), and the
-table is printed in markdown, ready for the README.
+For each: the largest gradient difference at the first step, and weight difference after 10
+steps and after the epoch, against the single process (and against torch DDP); the loss of
+every global batch (one plot: the curves lie on top of each other); test accuracy after the
+epoch; time per step; the share of a step spent communicating; and peak memory per process.
+The code is dist_sgd/bench/comparison.py; the figures and their CSVs go to figures/
+(comparison_loss.png, comparison_time.png), and the table is printed in markdown, ready for
+the README.
 
-What to expect: the differences are float32 rounding (about 1e-8 for gradients; it grows a
-little over an epoch, as rounding differences do in any chaotic iteration, but stays far below
-anything that changes the accuracy). On a 2-core laptop no strategy is faster than one
-process per *sample*: two ranks split each batch, but they also share the two cores with the
-communication, which here is copying through the loopback network. The communicating share
-tells you how much of each step is not computing; DDP's is smaller than average_gradients'
-because part of the all-reduce happens while backward still runs. Peak memory per process is
-mostly the dataset and torch itself (each process loads its own copy: DDP's real memory cost
-on one machine); Net's weights and gradients are 0.2 MB.
+What to expect: the differences start as float32 rounding (about 1e-8: the same numbers added
+in another order). Over an epoch they grow, because a tiny difference can tip a ReLU or a
+max-pool the other way and SGD carries it on; so the lesson checks the first step and the
+first 10 steps tightly and shows the end-of-epoch difference and the test accuracies for what
+they are. On a 2-core laptop no strategy processes more samples per second than one process:
+two ranks split each batch, but they also share the two cores with the communication, which
+here is copying through the loopback network. The communicating share tells how much of a
+step is not computing; DDP's is smaller than average_gradients' because part of its all-reduce
+runs while backward still computes. Peak memory per process is mostly torch itself and the
+dataset (each process loads its own copy: DDP's real memory cost on one machine); Net's
+weights and gradients are 0.2 MB.
 
 Run:
     python lessons/09_comparison.py --world-size 2        # a full epoch: a few minutes

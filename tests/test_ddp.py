@@ -150,7 +150,8 @@ def all_checks(rank, world_size):
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert len(members) == len(trainable) == len(set(members))
     model = make_model(seed=rank)
-    ddp = DistributedDataParallel(model, bucket_cap_mb=CAPS["tiny"], all_reduce=collectives.all_reduce)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=CAPS["tiny"],
+                                  all_reduce=collectives.all_reduce)
     check_run(ddp, model, rank, world_size, ref_grads, ref_weights, "ours + our all_reduce")
     done.append("counted + our all_reduce")
 

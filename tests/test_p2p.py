@@ -5,12 +5,13 @@ import torch.distributed as dist
 
 from dist_sgd.launch import launch
 from dist_sgd.p2p import ping_pong, ring_shift
+from test_launch import check_report, report
 
 SIZES = [8, 4096, 2 ** 18]
 
 
 def ring_and_ping_pong(rank, world_size):
-    out = {}
+    out = report(rank, world_size, "env")
     for blocking in (True, False):
         for dtype in (torch.float32, torch.int64):
             mine = torch.arange(5, dtype=dtype) * (rank + 1) + rank
@@ -34,7 +35,8 @@ def ring_and_ping_pong(rank, world_size):
 
 
 def test_ring_shift_and_ping_pong_on_three_ranks():
-    results = launch(ring_and_ping_pong, 3)
+    results = launch(ring_and_ping_pong, 3, init_method="env")
+    check_report(results, "env", 3)  # the launcher's env:// init, for tests/test_launch.py
     rows = results[0]["rows"]
     assert all(r["rows"] == rows for r in results), "every rank returns the same table"
     assert [r["bytes"] for r in rows] == SIZES

@@ -7,18 +7,19 @@
     our DataParallel    one process, R CPU replicas in threads (dist_sgd.data_parallel)
     nn.DataParallel     only with 2+ GPUs (without, torch's just calls the module: = single)
 
-Same start (seed 0), same global batches in the same order (a fixed permutation of the training
-set; rank r takes the r-th slice of each global batch), our SGD with the same settings. The
-network is the lessons' Net with dropout off (eval mode): with dropout on, each strategy would
-draw different masks and we would be comparing random numbers, not the arithmetic.
+Same start (seed 0), same global batches of 96 items (divisible by 1, 2, 3 and 4) in the same
+order (a fixed permutation of the training set; rank r takes the r-th slice of each global
+batch), our SGD with the same settings. The network is the lessons' Net with dropout off (eval
+mode): with dropout on, each strategy would draw different masks and we would be comparing
+random numbers, not the arithmetic.
 
-Measured per strategy: the largest gradient difference at the first step and weight difference
-at the end against the single process, the loss of every global batch, test accuracy after the
-epoch, time per step (median; slowest rank), the share of a step spent communicating (the step
-minus the same step without gradient sync, over the step; for DataParallel, its scatter,
-replicate and gather), and peak resident memory per process (ru_maxrss: each strategy in fresh
-processes, except with --quick or under torchrun, where the runs share them and the peak is
-cumulative).
+Measured per strategy: the largest gradient difference at the first step, and weight difference
+after 10 steps and at the end, against the single process (and the weights against torch DDP's);
+the loss of every global batch; test accuracy after the epoch; time per step (median, slowest
+rank); the share of a step spent communicating (1 - the same step without gradient sync, timed
+between real steps, / the step; for DataParallel: its scatter, replicate and gather / the
+step); and peak resident memory per process (ru_maxrss: each strategy in fresh processes, except
+with --quick or under torchrun, where the runs share processes and the peak is cumulative).
 """
 import resource
 import statistics
@@ -37,7 +38,7 @@ from dist_sgd.launch import device, launch, log, under_torchrun
 from dist_sgd.models import Net
 from dist_sgd.optim import SGD
 from dist_sgd.sync import average_gradients
-from dist_sgd.train import evaluate
+from dist_sgd.train import evaluate, per_rank_batch
 
 DISTRIBUTED = ("average_gradients", "our DDP", "torch DDP")
 EARLY_STEPS = 10  # weights compared after this many steps (rounding only) and at the end
@@ -46,8 +47,8 @@ LOCAL = ("single process", "our DataParallel", "nn.DataParallel")
 
 def settings(quick):
     if quick:
-        return {"train_items": 640, "test_items": 500, "global_batch": 64, "compute_samples": 3}
-    return {"train_items": None, "test_items": None, "global_batch": 64, "compute_samples": 50}
+        return {"train_items": 960, "test_items": 500, "global_batch": 96, "compute_samples": 3}
+    return {"train_items": None, "test_items": None, "global_batch": 96, "compute_samples": 50}
 
 
 def strategies(world_size):
@@ -194,6 +195,7 @@ def measure(quick=False, world_size=2):
     """Run every strategy, write comparison.csv and comparison_loss.csv; return the table rows
     (None on the ranks of a torchrun job other than 0, which write nothing)."""
     s = settings(quick)
+    per_rank_batch(s["global_batch"], world_size)  # a clear error if it does not divide
     dataset_name = get_dataset("auto").name  # says which dataset and why, once
     names = strategies(world_size)
     shared = quick or under_torchrun()

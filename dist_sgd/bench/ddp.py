@@ -12,7 +12,7 @@ alternating (time_alternating: medians, slowest rank per sample):
                 own defaults; prints ours / torch and "after backward" / "overlapped".
   bucket_sweep  step time against bucket_cap_mb, ours and torch's, world size 2.
   ddp_timeline  one backward pass: when each gradient was ready, when each all-reduce ran, for
-                the three steps of lesson 07.
+                the three steps of lesson 07 (code in bench/ddp_timeline.py).
 Lesson 09's comparison (training curves, differences, memory) lives in bench/comparison.py.
 """
 import os
@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from dist_sgd.bench import common, plots
+from dist_sgd.bench.ddp_timeline import (draw_timeline, measure_timeline, save_timeline,
+                                         timeline_rank)
 from dist_sgd.ddp import DistributedDataParallel
 from dist_sgd.ddp_steps import HookDDP, NaiveDDP
 from dist_sgd.launch import device, launch, log
@@ -33,7 +35,7 @@ from dist_sgd.models import BigNet
 from dist_sgd.timing import summarize, time_alternating
 
 ONE_BUCKET = 1024.0  # MiB: what "one bucket" means for torch DDP, which has no None for it
-SWEEP_CAPS = (0, 0.25, 1, 2, 5, 25, None)
+SWEEP_CAPS = (0, 0.01, 1, 25, None)  # BigNet: 8, 3, 2, 1 and 1 buckets
 
 
 def settings(quick):
@@ -82,7 +84,7 @@ SPEED_KINDS = ("no communication", "after backward, per parameter", "after backw
                "hooks, per parameter", "ours", "torch", "torch, its defaults")
 
 
-def _speed_rank(rank, world_size, s):
+def speed_rank(rank, world_size, s):
     steps = {}
     for kind in SPEED_KINDS:
         if kind in ("ours", "torch"):  # 25 MiB, and buckets small enough to overlap on BigNet
@@ -95,15 +97,27 @@ def _speed_rank(rank, world_size, s):
 
 
 def measure_speed(s):
-    rows = []
+    results = {}
     for ws in s["world_sizes"]:
         log(f"ddp_speed: world size {ws}, BigNet, {s['batch']} samples per rank, "
             f"{s['repeats']} alternating repeats ...")
-        result = launch(_speed_rank, ws, s)[0]
-        for kind, r in result.items():
-            rows.append({"world_size": ws, "strategy": kind, "median_ms": 1e3 * r["median"],
-                         "min_ms": 1e3 * r["min"], "max_ms": 1e3 * r["max"], "n": r["n"]})
-        print_speed([r for r in rows if r["world_size"] == ws], s["cap"])
+        results[ws] = launch(speed_rank, ws, s)[0]
+        print_speed(_speed_rows(ws, results[ws]), s["cap"])
+    return save_speed(results, s, echo=False)
+
+
+def _speed_rows(ws, result):
+    return [{"world_size": ws, "strategy": kind, "median_ms": 1e3 * r["median"],
+             "min_ms": 1e3 * r["min"], "max_ms": 1e3 * r["max"], "n": r["n"]}
+            for kind, r in result.items()]
+
+
+def save_speed(results, s, echo=True):
+    rows = []
+    for ws, result in results.items():
+        rows += _speed_rows(ws, result)
+        if echo:
+            print_speed(rows[-len(result):], s["cap"])
     common.write_csv("ddp_speed", rows)
     return rows
 
@@ -119,9 +133,9 @@ def print_speed(rows, cap):
               "  (goal <= 1.05)")
     print(f"  ratio ours {small} / torch DDP's defaults: "
           f"{t['ours, ' + small] / t['torch, its defaults']:.3f}")
-    best = min(t["ours, 25 MiB"], t["ours, " + small])
-    print(f"  after backward (flat) / ours, overlapped: {t['after backward'] / best:.3f}  "
-          "(> 1: overlapping pays)")
+    best = t["ours, " + small]  # the bucket size that splits BigNet: overlap is possible
+    print(f"  after backward (flat) / ours {small}, overlapped: {t['after backward'] / best:.3f}"
+          "  (> 1: overlapping pays)")
     comm = t["after backward"] - t["no communication"]
     print(f"  where the time goes: compute {t['no communication']:.1f} ms; the all-reduce after "
           f"backward adds {comm:.1f} ms; ours adds {best - t['no communication']:.1f} ms "
@@ -131,7 +145,7 @@ def print_speed(rows, cap):
 
 # ---- bucket_sweep --------------------------------------------------------------------------
 
-def _sweep_rank(rank, world_size, s):
+def sweep_rank(rank, world_size, s):
     steps, buckets = {}, {}
     for cap in s["caps"]:
         label = "one bucket" if cap is None else f"{cap:g}"
@@ -145,7 +159,7 @@ def _sweep_rank(rank, world_size, s):
 
 def measure_sweep(s):
     log(f"bucket_sweep: caps {list(s['caps'])} MiB, ours and torch DDP, world size 2 ...")
-    return save_sweep(launch(_sweep_rank, 2, s)[0])
+    return save_sweep(launch(sweep_rank, 2, s)[0])
 
 
 def save_sweep(result):
@@ -166,80 +180,22 @@ def save_sweep(result):
     return rows
 
 
-# ---- ddp_timeline --------------------------------------------------------------------------
-
-def _timeline_rank(rank, world_size, s):
-    rows = []
-    for kind, cap in (("after backward", None), ("hooks, per parameter", None),
-                      ("ours", s["cap"])):
-        step = make_step(kind, s["batch"], cap=cap)
-        for _ in range(3):
-            step()  # warm up, then trace one step
-        wrapped, ready = step.wrapped, []
-        names = {p: n for n, p in wrapped.module.named_parameters()}
-        probes = [p.register_post_accumulate_grad_hook(
-            lambda p: ready.append((names[p], time.perf_counter()))) for p in names]
-        wrapped.trace = []
-        dist.barrier()
-        t0 = time.perf_counter()
-        step_backward(wrapped, s["batch"])
-        t_back = time.perf_counter()
-        if kind == "after backward":
-            wrapped.finish_gradient_synchronization()
-            wrapped.trace = [{"event": "launch", "t": t_back, "bucket": "all, flat"},
-                             {"event": "done", "t": time.perf_counter(), "bucket": "all, flat"}]
-        t_end = time.perf_counter()
-        for h in probes:
-            h.remove()
-        ms = lambda t: round(1e3 * (t - t0), 3)  # noqa: E731
-        rows += [{"world_size": world_size, "strategy": kind, "what": "gradient ready",
-                  "label": n, "start_ms": ms(t), "end_ms": ms(t)} for n, t in ready]
-        started = {}
-        for e in wrapped.trace:
-            key = e.get("bucket", e.get("param"))
-            if e["event"] == "launch":
-                started[key] = e["t"]
-            elif e["event"] == "done":
-                rows.append({"world_size": world_size, "strategy": kind, "what": "all-reduce",
-                             "label": str(key), "start_ms": ms(started[key]),
-                             "end_ms": ms(e["t"])})
-        rows.append({"world_size": world_size, "strategy": kind,
-                     "what": "gradients synchronized", "label": "", "start_ms": ms(t_back),
-                     "end_ms": ms(t_end)})
-    return rows if rank == 0 else None
-
-
-def step_backward(wrapped, batch):
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(batch, 1, 28, 28, generator=gen).to(device())
-    y = torch.randint(0, 10, (batch,), generator=gen).to(device())
-    F.nll_loss(wrapped(x), y).backward()
-
-
-def measure_timeline(s):
-    log("ddp_timeline: one backward pass of BigNet, world size 2, three strategies ...")
-    return save_timeline(launch(_timeline_rank, 2, s)[0])
-
-
-def save_timeline(rows):
-    for kind in dict.fromkeys(r["strategy"] for r in rows):
-        mine = [r for r in rows if r["strategy"] == kind]
-        last_grad = max(r["start_ms"] for r in mine if r["what"] == "gradient ready")
-        comm = [r for r in mine if r["what"] == "all-reduce"]
-        end = next(r["end_ms"] for r in mine if r["what"] == "gradients synchronized")
-        log(f"  {kind:22s}: last gradient at {last_grad:6.1f} ms, {len(comm):2d} all-reduce(s), "
-            f"first started at {min(r['start_ms'] for r in comm):6.1f} ms, "
-            f"synchronized at {end:6.1f} ms")
-    common.write_csv("ddp_timeline", rows)
-    return rows
-
-
 # ---- the entry points ------------------------------------------------------------------------
 
 def measure(quick=False, parts=("speed", "sweep", "timeline")):
     s = settings(quick)
+    if quick and set(parts) == {"speed", "sweep", "timeline"}:  # one spawn for all three
+        log("ddp (quick): speed, bucket sweep and timeline in one group of 2 ranks ...")
+        speed, sweep, timeline = launch(_quick_rank, 2, s)[0]
+        save_speed({2: speed}, s), save_sweep(sweep), save_timeline(timeline)
+        return
     for part in parts:
         {"speed": measure_speed, "sweep": measure_sweep, "timeline": measure_timeline}[part](s)
+
+
+def _quick_rank(rank, world_size, s):
+    return (speed_rank(rank, world_size, s), sweep_rank(rank, world_size, s),
+            timeline_rank(rank, world_size, s))
 
 
 def draw(parts=("speed", "sweep", "timeline")):
@@ -295,33 +251,6 @@ def draw_sweep():
     return plots.finish(fig, "bucket_sweep",
                         f"BigNet, world size {rows[0]['world_size']}: step time vs bucket size",
                         facts, "torch DDP has no 'one bucket' setting: 1024 MiB stands in")
-
-
-def draw_timeline():
-    rows, facts = common.read_csv("ddp_timeline")
-    kinds = list(dict.fromkeys(r["strategy"] for r in rows))
-    fig, axes = plots.figure(1, nrows=len(kinds), width=10, height=2.6)
-    for ax, kind in zip(axes[:, 0], kinds):
-        mine = [r for r in rows if r["strategy"] == kind]
-        ready = [r for r in mine if r["what"] == "gradient ready"]
-        ax.scatter([r["start_ms"] for r in ready], [1] * len(ready), marker="|", s=300,
-                   color="tab:green", label="a gradient is ready (hook)")
-        comm = [r for r in mine if r["what"] == "all-reduce"]
-        for i, r in enumerate(comm):
-            ax.barh(0, r["end_ms"] - r["start_ms"], left=r["start_ms"], height=0.5,
-                    color=("tab:blue", "tab:cyan")[i % 2], edgecolor="k",
-                    label="all-reduce in flight" if i == 0 else None)
-        end = next(r["end_ms"] for r in mine if r["what"] == "gradients synchronized")
-        ax.axvline(end, color="tab:red", ls="--", label=f"synchronized ({end:.1f} ms)")
-        ax.set_yticks([0, 1], ["all-reduce", "backward"])
-        ax.set_ylim(-0.6, 1.6)
-        ax.set_xlim(left=0)
-        ax.set_title(f"{kind}: {len(comm)} all-reduce(s)", fontsize=10)
-        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    axes[-1, 0].set_xlabel("ms since backward() was called (rank 0)")
-    return plots.finish(fig, "ddp_timeline",
-                        f"One backward pass of BigNet, world size {rows[0]['world_size']}", facts,
-                        "alternating shades: consecutive all-reduces (buckets or parameters)")
 
 
 def main(argv=None):
