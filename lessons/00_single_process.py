@@ -120,7 +120,7 @@ def main():
 
     print("\n--- 4. weight initialization: model.apply(init_weights) ---")
     model.apply(init_weights)  # apply() visits every submodule: conv1, conv2, fc1, fc2, ...
-    print(f"  conv1.weight std {model.conv1.weight.std().item():.3f} (Kaiming uniform), "
+    print(f"  conv1.weight std {model.conv1.weight.std().item():.3f} (Kaiming normal, fan_out), "
           f"conv1.bias all zero: {bool((model.conv1.bias == 0).all())}")
 
     print(f"\n--- 5. the loop: manual update vs torch.optim.SGD(lr={LR}), {compare_steps} steps ---")

@@ -185,7 +185,7 @@ def test_synthetic_is_learnable_deterministic_and_mnist_shaped():
         optimizer.step()
     with torch.no_grad():
         accuracy = (model(test.images).argmax(1) == test.labels).float().mean().item()
-    assert accuracy > 0.5, f"synthetic data should be learnable: accuracy {accuracy:.2f}"
+    assert accuracy > 0.8, f"synthetic data should be learnable: accuracy {accuracy:.2f}"
 
 
 @pytest.mark.skipif(not os.path.isdir(REAL), reason=f"no Fashion-MNIST in {REAL} "

@@ -42,6 +42,7 @@ from dist_sgd.train import evaluate, per_rank_batch
 
 DISTRIBUTED = ("average_gradients", "our DDP", "torch DDP")
 EARLY_STEPS = 10  # weights compared after this many steps (rounding only) and at the end
+MEMORY_STEPS = 20  # steps of the short fresh-process runs that measure peak memory
 LOCAL = ("single process", "our DataParallel", "nn.DataParallel")
 
 
@@ -80,71 +81,86 @@ def load(s, dataset_name):
     return (*train.tensors, test)
 
 
-def run(name, world_size, s, data):
-    # world_size: ranks for the distributed strategies, replicas for DataParallel
-    """Train one epoch the `name` way (in this process, or this rank); returns the measures."""
-    distributed = name in DISTRIBUTED
-    rank, ranks = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    images, labels, test = data
+class Trainer:
+    """One strategy's model, optimizer and measurements; step() trains on one global batch."""
+
+    def __init__(self, name, replicas, s, data):
+        self.name, self.s, self.data = name, s, data
+        self.distributed = name in DISTRIBUTED
+        self.rank, self.ranks = ((dist.get_rank(), dist.get_world_size()) if self.distributed
+                                 else (0, 1))
+        torch.manual_seed(0)
+        self.model = Net().to(device()).eval()  # eval: dropout off (see the module docstring)
+        self.reference = Net().to(device()).eval()
+        self.reference.load_state_dict(self.model.state_dict())
+        self.wrapped = _wrap(name, self.model, replicas)
+        self.opt = SGD(self.model.parameters(), lr=0.01, momentum=0.5)
+        self.losses, self.times, self.compute, self.dp_times = [], [], [], []
+
+    def step(self, step, idx, every, last):
+        images, labels, _ = self.data
+        part = idx.chunk(self.ranks)[self.rank]  # this process's slice of the global batch
+        x, y = images[part].to(device()), labels[part].to(device())
+        _barrier(self.distributed)
+        start = time.perf_counter()
+        self.opt.zero_grad()
+        loss = F.nll_loss(self.wrapped(x), y)
+        loss.backward()
+        if self.name == "average_gradients":
+            average_gradients(self.model)
+        if step == 0:  # gradients against one process on the whole global batch
+            F.nll_loss(self.reference(images[idx].to(device())),
+                       labels[idx].to(device())).backward()
+            self.grad_diff = max((p.grad - q.grad).abs().max().item() for p, q in
+                                 zip(self.model.parameters(), self.reference.parameters()))
+        else:
+            self.times.append(time.perf_counter() - start)  # step 0: warm-up and checking
+        self.opt.step()
+        if step + 1 == min(EARLY_STEPS, last + 1):
+            self.early = _flat(self.model)
+        self.losses.append(loss.item())
+        self.dp_times.append(sum(getattr(self.wrapped, "last_times", {}).get(k, 0.0)
+                                 for k in ("scatter", "replicate", "gather")))
+        if self.distributed and step % every == every - 1:
+            self.compute.append(_compute_only(self.wrapped, self.model, x, y))
+
+    def result(self):
+        accuracy = evaluate(self.model, self.data[2])["accuracy"]  # every rank takes part
+        losses = torch.tensor(self.losses, dtype=torch.float64, device=device())
+        times = torch.tensor(self.times, dtype=torch.float64, device=device())
+        if self.distributed:  # the global batch's loss; a step lasts until its slowest rank
+            dist.all_reduce(losses)
+            losses /= self.ranks
+            dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        step_s = statistics.median(times.tolist())
+        if self.name in ("our DataParallel", "nn.DataParallel"):
+            share = statistics.median(self.dp_times[1:]) / step_s
+        elif self.distributed:
+            share = max(0.0, 1 - statistics.median(self.compute) / step_s)
+        else:
+            share = 0.0
+        return {"strategy": self.name, "processes": self.ranks, "grad_diff": self.grad_diff,
+                "early": self.early, "weights": _flat(self.model), "losses": losses.tolist(),
+                "accuracy": accuracy, "step_ms": 1e3 * step_s, "comm_share": share,
+                "steps": len(self.losses)}
+
+
+def run(names, replicas, s, data, max_steps=None):
+    """Train the strategies `names` side by side, one global batch at a time, taking turns
+    (the order rotates every step, as time_alternating does), so that a burst of load on a
+    shared machine hits them all alike. replicas: the number of DataParallel replicas."""
+    images = data[0]
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))
     order = order[:s["train_items"]] if s["train_items"] else order
     gb = s["global_batch"]
-    batches = [order[i:i + gb] for i in range(0, len(order) - gb + 1, gb)]
-
-    def local_batch(idx):  # this process's part of a global batch
-        idx = idx.chunk(ranks)[rank]
-        return images[idx].to(device()), labels[idx].to(device())
-
-    torch.manual_seed(0)
-    model = Net().to(device()).eval()  # eval: dropout off (see the module docstring)
-    reference = Net().to(device()).eval()
-    reference.load_state_dict(model.state_dict())
-    wrapped = _wrap(name, model, world_size)
-    opt = SGD(model.parameters(), lr=0.01, momentum=0.5)
-    losses, times, compute, dp_times = [], [], [], []
+    batches = [order[i:i + gb] for i in range(0, len(order) - gb + 1, gb)][:max_steps]
     every = max(1, len(batches) // s["compute_samples"])
+    trainers = [Trainer(name, replicas, s, data) for name in names]
     for step, idx in enumerate(batches):
-        x, y = local_batch(idx)
-        _barrier(distributed)
-        start = time.perf_counter()
-        opt.zero_grad()
-        loss = F.nll_loss(wrapped(x), y)
-        loss.backward()
-        if name == "average_gradients":
-            average_gradients(model)
-        if step == 0:  # gradients against one process on the whole global batch
-            F.nll_loss(reference(images[idx].to(device())), labels[idx].to(device())).backward()
-            grad_diff = max((p.grad - q.grad).abs().max().item()
-                            for p, q in zip(model.parameters(), reference.parameters()))
-        else:
-            times.append(time.perf_counter() - start)  # the first step: warm-up and checking
-        opt.step()
-        if step + 1 == min(EARLY_STEPS, len(batches)):
-            early = _flat(model)
-        losses.append(loss.item())
-        dp_times.append(sum(getattr(wrapped, "last_times", {}).get(k, 0.0)
-                            for k in ("scatter", "replicate", "gather")))
-        if distributed and step % every == every - 1:
-            compute.append(_compute_only(wrapped, model, x, y))
-    accuracy = evaluate(model, test)["accuracy"]  # every rank (or process) takes part
-    losses_t = torch.tensor(losses, dtype=torch.float64, device=device())
-    times_t = torch.tensor(times, dtype=torch.float64, device=device())
-    if distributed:  # the global batch's loss; a step lasts until its slowest rank is done
-        dist.all_reduce(losses_t)
-        losses_t /= ranks
-        dist.all_reduce(times_t, op=dist.ReduceOp.MAX)
-    step_s = statistics.median(times_t.tolist())
-    if name in ("our DataParallel", "nn.DataParallel"):
-        share = statistics.median(dp_times[1:]) / step_s
-    else:
-        share = max(0.0, 1 - statistics.median(compute) / step_s) if distributed else 0.0
-    peak = torch.tensor([_peak_mib()], dtype=torch.float64, device=device())
-    if distributed:
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    return {"strategy": name, "processes": ranks, "grad_diff": grad_diff,
-            "early": early, "weights": _flat(model),
-            "losses": losses_t.tolist(), "accuracy": accuracy, "step_ms": 1e3 * step_s,
-            "comm_share": share, "peak_mib": peak.item(), "steps": len(batches)}
+        k = step % len(trainers)
+        for t in trainers[k:] + trainers[:k]:
+            t.step(step, idx, every, len(batches) - 1)
+    return [t.result() for t in trainers]
 
 
 def _flat(model):
@@ -185,33 +201,49 @@ def _peak_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def _rank(rank, world_size, names, s, dataset_name, replicas):
+def _rank(rank, world_size, groups, s, dataset_name, replicas, max_steps=None):
+    """Each group of strategies trains side by side; then this process's peak memory."""
     data = load(s, dataset_name)
-    results = [run(name, replicas, s, data) for name in names]
-    return results if rank == 0 else None
+    results = [r for names in groups for r in run(names, replicas, s, data, max_steps)]
+    peak = torch.tensor([_peak_mib()], dtype=torch.float64, device=device())
+    if dist.is_initialized():
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return (results, peak.item()) if rank == 0 else None
 
 
 def measure(quick=False, world_size=2):
     """Run every strategy, write comparison.csv and comparison_loss.csv; return the table rows
-    (None on the ranks of a torchrun job other than 0, which write nothing)."""
+    (None on the ranks of a torchrun job other than 0, which write nothing).
+
+    The distributed strategies train side by side in one group, the single-process ones side
+    by side in one process. Peak memory needs a fresh process per strategy: a short run of
+    MEMORY_STEPS steps each (--quick and torchrun: one group for everything, peak cumulative).
+    """
     s = settings(quick)
     per_rank_batch(s["global_batch"], world_size)  # a clear error if it does not divide
     dataset_name = get_dataset("auto").name  # says which dataset and why, once
     names = strategies(world_size)
+    groups = [[n for n in names if n in DISTRIBUTED], [n for n in names if n not in DISTRIBUTED]]
     shared = quick or under_torchrun()
     log(f"comparison: {', '.join(names)}; {world_size} ranks or replicas, global batch "
-        f"{s['global_batch']}, {'one group for all' if shared else 'fresh processes each'} ...")
+        f"{s['global_batch']}, taking turns step by step ...")
+    start = time.perf_counter()
     if shared:
-        results = launch(_rank, world_size, names, s, dataset_name, world_size)[0]
+        out = launch(_rank, world_size, groups, s, dataset_name, world_size)[0]
+        results, peaks = (None, None) if out is None else (out[0], {n: out[1] for n in names})
     else:
-        results = []
+        results, peaks = [], {}
+        for group in groups:
+            results += launch(_rank, world_size if group[0] in DISTRIBUTED else 1, [group], s,
+                              dataset_name, world_size)[0][0]
+        log(f"  trained in {time.perf_counter() - start:.1f} s; peak memory, "
+            f"{MEMORY_STEPS} steps in fresh processes per strategy ...")
         for name in names:
-            start = time.perf_counter()
-            results += launch(_rank, world_size if name in DISTRIBUTED else 1, [name], s,
-                              dataset_name, world_size)[0]
-            log(f"  {name}: {results[-1]['steps']} steps in {time.perf_counter() - start:.1f} s")
+            peaks[name] = launch(_rank, world_size if name in DISTRIBUTED else 1, [[name]], s,
+                                 dataset_name, world_size, MEMORY_STEPS)[0][1]
     if results is None:
         return None
+    results.sort(key=lambda r: names.index(r["strategy"]))
     single, by_name = results[0], {r["strategy"]: r for r in results}
     theirs = by_name.get("torch DDP", single)["weights"]
     rows, curves = [], []
@@ -221,9 +253,11 @@ def measure(quick=False, world_size=2):
                      "max_weight_diff_early": (r["early"] - single["early"]).abs().max().item(),
                      "max_weight_diff": (r["weights"] - single["weights"]).abs().max().item(),
                      "vs_torch_ddp": (r["weights"] - theirs).abs().max().item(),
-                     "final_loss": r["losses"][-1], "accuracy": r["accuracy"],
+                     "steps": r["steps"], "final_loss": r["losses"][-1],
+                     "accuracy": r["accuracy"],
                      "step_ms": r["step_ms"], "comm_share": r["comm_share"],
-                     "peak_mib": r["peak_mib"], "memory": "cumulative" if shared else "own"})
+                     "peak_mib": peaks[r["strategy"]],
+                     "memory": "cumulative" if shared else "own"})
         curves += [{"strategy": r["strategy"], "step": i, "loss": v}
                    for i, v in enumerate(r["losses"])]
     common.write_csv("comparison", rows)
