@@ -25,6 +25,7 @@ from torch.distributed import ReduceOp
 
 from .allreduce import (ALGORITHMS, ALL_REDUCE_ALGORITHMS, Link, ring_all_gather,
                         ring_reduce_scatter, tree_broadcast, tree_reduce)
+from .launch import device
 
 __all__ = ["broadcast", "reduce", "all_reduce", "all_gather", "gather", "scatter",
            "reduce_scatter", "barrier", "ALL_REDUCE_ALGORITHMS", "ReduceOp"]
@@ -98,6 +99,7 @@ def _copy_back(t, flat):
 
 # ---- the collectives -----------------------------------------------------------------------
 
+@torch.no_grad()  # like torch's: never recorded by autograd, fine on parameters
 def broadcast(tensor, src=0):
     """Copy src's tensor into everyone's `tensor`, down a binomial tree (log2(p) rounds)."""
     _check_tensor(tensor, "tensor")
@@ -111,6 +113,7 @@ def broadcast(tensor, src=0):
         _copy_back(tensor, flat)
 
 
+@torch.no_grad()
 def reduce(tensor, dst=0, op=ReduceOp.SUM):
     """Combine everyone's tensor with op into dst's `tensor`, up a binomial tree.
 
@@ -128,6 +131,7 @@ def reduce(tensor, dst=0, op=ReduceOp.SUM):
         _copy_back(tensor, result)
 
 
+@torch.no_grad()
 def all_reduce(tensor, op=ReduceOp.SUM, algorithm="ring", trace=None):
     """Combine everyone's tensor with op; every rank ends with the same bytes in `tensor`.
 
@@ -150,6 +154,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, algorithm="ring", trace=None):
     _copy_back(tensor, flat)
 
 
+@torch.no_grad()
 def reduce_scatter(output, input_list, op=ReduceOp.SUM):
     """Rank i gets op over everyone's input_list[i]: the ring's first phase.
 
@@ -168,6 +173,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM):
     output.copy_(chunks[rank].view(output.shape))
 
 
+@torch.no_grad()
 def all_gather(tensor_list, tensor):
     """Everyone's tensor into everyone's tensor_list (entry i from rank i): the ring's second
     phase, receiving straight into the list's tensors when they are contiguous."""
@@ -183,6 +189,7 @@ def all_gather(tensor_list, tensor):
         _copy_back(t, flat)
 
 
+@torch.no_grad()
 def gather(tensor, gather_list=None, dst=0):
     """Everyone's tensor into dst's gather_list (entry i from rank i); others pass None."""
     _check_tensor(tensor, "tensor")
@@ -206,6 +213,7 @@ def gather(tensor, gather_list=None, dst=0):
         _copy_back(t, flat)
 
 
+@torch.no_grad()
 def scatter(tensor, scatter_list=None, src=0):
     """src's scatter_list[i] into rank i's tensor; others pass None."""
     _check_tensor(tensor, "tensor")
@@ -228,6 +236,7 @@ def scatter(tensor, scatter_list=None, src=0):
     link.flush()
 
 
+@torch.no_grad()
 def barrier():
     """Nobody returns before everyone has called barrier(): a dissemination barrier.
 
@@ -235,7 +244,7 @@ def barrier():
     after ceil(log2(p)) rounds each rank has heard, indirectly, from all the others.
     """
     rank, size = _world()
-    from .launch import device  # the token must live where the backend can send it (GPU: NCCL)
+    # The token must live where the backend can send it: this rank's GPU under NCCL.
     token, got = torch.zeros(1, device=device()), torch.empty(1, device=device())
     link, dist_k, step = Link("barrier"), 1, 0
     while dist_k < size:

@@ -95,8 +95,8 @@ def check_algorithms(rank, size, n):
         worst = max(worst, diff.item())
         log(f"   {alg:17s} {diff.item():9.2g}  {'yes' if agree else 'NO':>11s}  "
             f"{max(m for _, m, _ in stats):8d}  {max(b for _, _, b in stats) / 1e3:27.1f}")
-    log(f"   (max diff: float sums in another order differ in the last bits; "
-        f"a tensor is {4 * n / 1e3:.1f} kB)")
+    log(f"   (max diff: float sums in another order differ in the last bits; a tensor is "
+        f"{4 * n / 1e3:.1f} kB; messages over 1 MiB travel as 1 MiB segments)")
     return worst
 
 
@@ -150,7 +150,13 @@ def costs(rank, size, quick):
     log("   Reading it: small messages pay latencies (tree and halving-doubling take fewer steps),")
     log("   large ones pay bytes (ring and halving-doubling send ~2n per rank, naive's root 2(p-1)n).")
     log("   Off by more than the model says? Here the 'network' is memory copies over loopback on")
-    log("   one machine, and with more ranks than cores, each step also waits for a free CPU.")
+    log("   one machine: every byte sent is copied by a CPU, and the ping-pong measured one pair")
+    log("   with the machine otherwise idle.")
+    cores = os.cpu_count() or 1
+    if size > cores:
+        log(f"   Here {size} ranks share {cores} cores: the ranks' copies cannot all run at once, so")
+        log(f"   expect the bandwidth-bound times to be ~{size / cores:.0f}x the model, and every step")
+        log("   to wait for a free CPU (latency). A real cluster gives each rank its own link.")
 
 
 def lesson(rank, size, quick, gif_path):

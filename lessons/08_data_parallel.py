@@ -105,7 +105,9 @@ def demo(rank, world_size, replicas, dataset_name, quick):
     log(f"  its output vs the plain module: max difference {diff:.2e}")
 
     log(f"\nThreads and the GIL: forward + backward, 1 replica vs {replicas} in threads, "
-        f"torch.get_num_threads() = {torch.get_num_threads()} per kernel:")
+        f"torch.get_num_threads() = {torch.get_num_threads()} per kernel; a thread that "
+        f"wants the GIL may wait up to sys.getswitchinterval() = "
+        f"{1e3 * sys.getswitchinterval():g} ms:")
     repeats = 3 if quick else 15
     for cls, n in ((Net, 256 if not quick else 64), (MLP, 8)):
         one, many = net(cls), DataParallel(net(cls), device_ids=devices)

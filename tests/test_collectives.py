@@ -273,6 +273,10 @@ def errors(rank, size):
     x = torch.arange(5.0) + rank  # the group still works: no stray message was sent
     C.all_reduce(x)
     check(x, torch.arange(5.0) * size + sum(range(size)), exact=True)
+    w = torch.nn.Parameter(torch.full((3,), float(rank)))  # like torch's: fine on parameters
+    C.broadcast(w, src=size - 1)
+    C.all_reduce(w)
+    check(w.detach(), torch.full((3,), float(size * (size - 1))), exact=True)
     return messages
 
 

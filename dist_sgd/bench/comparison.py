@@ -22,6 +22,7 @@ step); and peak resident memory per process (ru_maxrss: each strategy in fresh p
 with --quick or under torchrun, where the runs share processes and the peak is cumulative).
 """
 import resource
+from contextlib import nullcontext
 import statistics
 import time
 
@@ -173,20 +174,12 @@ def _compute_only(wrapped, model, x, y):
     _barrier(True)
     start = time.perf_counter()
     model.zero_grad()
-    with wrapped.no_sync() if hasattr(wrapped, "no_sync") else _nothing():
+    with wrapped.no_sync() if hasattr(wrapped, "no_sync") else nullcontext():
         F.nll_loss(wrapped(x), y).backward()
     t = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     model.zero_grad()
     return t.item()
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _barrier(distributed):
@@ -294,11 +287,12 @@ def draw():
     axes[0][0].set(xlabel="step (global batch)", ylabel="training loss (nll)",
                    title="loss of every global batch")
     axes[0][1].set(xlabel="step (global batch)", ylabel="|loss - single process's loss|",
-                   yscale="log", title="difference from one process (floor 1e-12)")
+                   yscale="log", title="difference from one process")
     for ax in axes[0]:
         ax.legend(fontsize=8)
-    paths = [plots.finish(fig, "comparison_loss", "Same data, same seeds: six ways, one curve",
-                          facts)]
+    paths = [plots.finish(fig, "comparison_loss",
+                          f"Same data, same seeds: {len(names)} ways to train, one curve", facts,
+                          "right: curves that coincide hide each other; 1e-12 stands for 0")]
     fig, axes = plots.figure(2, width=6)
     y = range(len(rows))
     comm = [r["step_ms"] * r["comm_share"] for r in rows]
@@ -312,7 +306,8 @@ def draw():
     for ax in axes[0]:
         ax.set_yticks(list(y), names)
         ax.invert_yaxis()
-    axes[0][0].legend(fontsize=8)
+    axes[0][0].set_xlim(0, 1.6 * max(r["step_ms"] for r in rows))  # room for the legend
+    axes[0][0].legend(fontsize=8, loc="upper right")
     paths.append(plots.finish(fig, "comparison_time", "Time per step and memory, per strategy",
                               facts, "memory: ru_maxrss (resident set) of each process; "
                               + ("cumulative over strategies run in one process"

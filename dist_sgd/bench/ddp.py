@@ -42,7 +42,7 @@ def settings(quick):
     if quick:
         return {"world_sizes": (2,), "batch": 8, "repeats": 2, "warmup": 1,
                 "caps": (0, None), "cap": 1.0}
-    return {"world_sizes": (2, 4), "batch": 16, "repeats": 25, "warmup": 3,
+    return {"world_sizes": (2, 4), "batch": 16, "repeats": 40, "warmup": 3,
             "caps": SWEEP_CAPS, "cap": 1.0}
 
 
@@ -235,11 +235,12 @@ def draw_sweep():
     labels = list(dict.fromkeys(str(r["bucket_cap_mb"]) for r in rows))
     fig, axes = plots.figure(1, width=7)
     ax = axes[0][0]
-    for who, name in (("ours", "our DDP"), ("torch", "torch DDP")):
+    for shift, (who, name) in ((-0.06, ("ours", "our DDP")), (0.06, ("torch", "torch DDP"))):
         mine = [next(r for r in rows if r["who"] == who and str(r["bucket_cap_mb"]) == lab)
                 for lab in labels]
         med = [r["median_ms"] for r in mine]
-        ax.errorbar(range(len(labels)), med, marker="o", label=name, color=plots.COLORS[name],
+        ax.errorbar([i + shift for i in range(len(labels))], med, marker="o", label=name,
+                    color=plots.COLORS[name],
                     yerr=[[m - r["min_ms"] for m, r in zip(med, mine)],
                           [r["max_ms"] - m for m, r in zip(med, mine)]], capsize=3)
     counts = {str(r["bucket_cap_mb"]): r["our_buckets"] for r in rows}

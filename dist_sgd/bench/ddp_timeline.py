@@ -1,10 +1,11 @@
 """The timeline of one backward pass (lesson 07, figures/ddp_timeline.png): when each gradient
 became ready and when each all-reduce ran, for the three steps of lesson 07 on BigNet.
 
-Times are rank 0's clock (time.perf_counter) from the moment backward() is called: a hook
-appends one time as each gradient is accumulated, DistributedDataParallel's and HookDDP's
-`.trace` record when each all-reduce was launched and when the backend reported it done
-(gloo's completion callback). On a GPU these are the times work was *queued*, not run.
+Times are rank 0's clock (time.perf_counter) from the moment backward() is called.
+DistributedDataParallel's and HookDDP's `.trace` record when each gradient's hook fired, when
+each all-reduce was launched and when the backend reported it done (gloo's completion callback,
+a little Python on gloo's thread: tracing itself costs a little); NaiveDDP has no hooks, so a
+probe hook times its gradients. On a GPU these are the times work was *queued*, not run.
 Part of `python -m dist_sgd.bench ddp` (dist_sgd/bench/ddp.py).
 """
 import time
@@ -20,10 +21,10 @@ from dist_sgd.launch import device, launch, log
 def timeline_rank(rank, world_size, s, trials=5):
     """Trace `trials` backward passes per strategy; keep the one of median length (one pass
     alone may catch a burst of load on a shared machine). Rows on rank 0, None elsewhere."""
+    from dist_sgd.bench.ddp import make_step  # the speed runs' steps (imported late: a cycle)
     rows = []
     for kind, cap in (("after backward", None), ("hooks, per parameter", None),
                       ("ours", s["cap"])):
-        from dist_sgd.bench.ddp import make_step  # the same steps as the speed runs
         step = make_step(kind, s["batch"], cap=cap)
         for _ in range(3):
             step()  # warm up
@@ -40,9 +41,10 @@ def _trace_once(wrapped, names, kind, batch, world_size):
     probes = [p.register_post_accumulate_grad_hook(
         lambda p: ready.append((names[p], time.perf_counter()))) for p in names]
     wrapped.trace = []
-    dist.barrier()
+    loss = forward_loss(wrapped, batch)
+    dist.barrier()  # both ranks start backward together
     t0 = time.perf_counter()
-    step_backward(wrapped, batch)
+    loss.backward()
     t_back = time.perf_counter()
     if kind == "after backward":  # NaiveDDP has no hooks: its one all-reduce comes now
         wrapped.finish_gradient_synchronization()
@@ -55,7 +57,10 @@ def _trace_once(wrapped, names, kind, batch, world_size):
     def row(what, label, start, end):
         return {"world_size": world_size, "strategy": kind, "what": what, "label": label,
                 "start_ms": round(1e3 * (start - t0), 3), "end_ms": round(1e3 * (end - t0), 3)}
-    rows = [row("gradient ready", n, t, t) for n, t in ready]
+    # The wrappers' own hooks note each gradient first (before copying it anywhere); our probe
+    # hooks run after them, so they time only NaiveDDP, which has no hooks of its own.
+    hooks = [(e["param"], e["t"]) for e in wrapped.trace if e["event"] == "hook"]
+    rows = [row("gradient ready", n, t, t) for n, t in (hooks or ready)]
     started = {}
     for e in wrapped.trace:
         key = str(e.get("bucket", e.get("param")))
@@ -66,11 +71,11 @@ def _trace_once(wrapped, names, kind, batch, world_size):
     return rows + [row("gradients synchronized", "", t_back, t_end)]
 
 
-def step_backward(wrapped, batch):
+def forward_loss(wrapped, batch):
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(batch, 1, 28, 28, generator=gen).to(device())
     y = torch.randint(0, 10, (batch,), generator=gen).to(device())
-    F.nll_loss(wrapped(x), y).backward()
+    return F.nll_loss(wrapped(x), y)
 
 
 def measure_timeline(s):
