@@ -42,11 +42,12 @@ MiB = 1024 * 1024
 
 # How to run code when the whole backward pass is over: ask autograd's engine to call us back.
 # torch's own DDP reducer (C++) does exactly this (Engine::queue_callback in
-# Reducer::mark_variable_ready), and its Python wrappers reach the engine as
-# `Variable._execution_engine`, a name that is deprecated and banned in this project; that
-# object is just an instance of torch._C._ImperativeEngine, a handle to the one engine of the
-# process, so we make our own handle. A callback queued while backward runs is called after the
-# last gradient is accumulated and before backward() returns (see lesson 07 for the check).
+# Reducer::mark_variable_ready), and its Python code reaches the engine as the
+# `_execution_engine` attribute of torch.autograd's legacy tensor class, a deprecated name this
+# project does not use. That attribute is just an instance of torch._C._ImperativeEngine, a
+# handle to the one engine of the process, so we make our own handle (a private torch API, as
+# torch's own wrappers use). A callback queued while backward runs is called after the last
+# gradient is accumulated and before backward() returns (lesson 07 and the tests check it).
 _ENGINE = torch._C._ImperativeEngine()
 
 
@@ -70,15 +71,26 @@ class AllReduceLauncher:
     def start(self, tensor, on_done=None):
         if self.all_reduce is None:
             work = dist.all_reduce(tensor, async_op=True)
-            if on_done is not None:  # called by gloo/NCCL's thread when the result is there
-                work.get_future().then(lambda _fut: on_done())
-            return work
+            if on_done is None:
+                return work
+            # on_done runs on gloo/NCCL's thread when the result is there; waiting for that
+            # callback too makes the trace complete whenever wait() returns.
+            return _Chained(work, work.get_future().then(lambda _fut: on_done()))
         return _FutureWork(self._pool.submit(self._run, tensor, on_done))
 
     def _run(self, tensor, on_done):
         self.all_reduce(tensor)
         if on_done is not None:
             on_done()
+
+
+class _Chained:
+    def __init__(self, work, callback_future):
+        self.work, self.callback_future = work, callback_future
+
+    def wait(self):
+        self.work.wait()
+        self.callback_future.wait()
 
 
 class _FutureWork:

@@ -22,7 +22,7 @@ to check by eye. Lesson 04 opens up all_reduce: four algorithms and what each co
 
 Run (from the repository root):
     python lessons/03_collectives.py --world-size 4
-    torchrun --nproc-per-node 4 lessons/03_collectives.py
+    torchrun --standalone --nproc-per-node 4 lessons/03_collectives.py
     DIST_SGD_VERBOSE=1 python lessons/03_collectives.py --world-size 2 --quick   # every message
 
 Exercises:

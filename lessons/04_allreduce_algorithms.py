@@ -37,7 +37,7 @@ the `trace` list every rank fills) and draws it as an animation: figures/ring_al
 
 Run (from the repository root):
     python lessons/04_allreduce_algorithms.py --world-size 4
-    torchrun --nproc-per-node 4 lessons/04_allreduce_algorithms.py
+    torchrun --standalone --nproc-per-node 4 lessons/04_allreduce_algorithms.py
     DIST_SGD_VERBOSE=1 python lessons/04_allreduce_algorithms.py --world-size 3 --quick
 
 Exercises:

@@ -24,7 +24,7 @@ some items are never seen).
 Run:
     python lessons/05_partitioning.py --world-size 2
     python lessons/05_partitioning.py --world-size 4 --quick
-    torchrun --nproc-per-node 2 lessons/05_partitioning.py
+    torchrun --standalone --nproc-per-node 2 lessons/05_partitioning.py
 
 Exercises:
   1. Give one rank a different seed (ShardSampler(..., seed=rank)): what does the shard

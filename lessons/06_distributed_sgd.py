@@ -39,7 +39,7 @@ the rounding of adding the same numbers in another order.
 Run:
     python lessons/06_distributed_sgd.py --world-size 2
     python lessons/06_distributed_sgd.py --world-sizes 1 2 4 --epochs 2   # the README table
-    torchrun --nproc-per-node 2 lessons/06_distributed_sgd.py
+    torchrun --standalone --nproc-per-node 2 lessons/06_distributed_sgd.py
 
 Exercises:
   1. Keep 64 items per rank (--batch-size 64 x world size) with lr 0.01: what happens to

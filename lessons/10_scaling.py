@@ -38,7 +38,7 @@ What it shows, in five points (the numbers printed below are from your machine):
 Run:
     python lessons/10_scaling.py --world-size 2          # also runs the quick benchmarks (~2 min)
     python lessons/10_scaling.py --world-size 2 --quick  # only the small measurement below
-    torchrun --nproc-per-node 2 lessons/10_scaling.py --quick
+    torchrun --standalone --nproc-per-node 2 lessons/10_scaling.py --quick
     python -m dist_sgd.bench                              # redraw every committed figure (~10 min)
 
 Exercises:

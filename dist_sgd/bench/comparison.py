@@ -86,7 +86,7 @@ class Trainer:
     """One strategy's model, optimizer and measurements; step() trains on one global batch."""
 
     def __init__(self, name, replicas, s, data):
-        self.name, self.s, self.data = name, s, data
+        self.name, self.s, self.tensors = name, s, data
         self.distributed = name in DISTRIBUTED
         self.rank, self.ranks = ((dist.get_rank(), dist.get_world_size()) if self.distributed
                                  else (0, 1))
@@ -99,7 +99,7 @@ class Trainer:
         self.losses, self.times, self.compute, self.dp_times = [], [], [], []
 
     def step(self, step, idx, every, last):
-        images, labels, _ = self.data
+        images, labels, _ = self.tensors
         part = idx.chunk(self.ranks)[self.rank]  # this process's slice of the global batch
         x, y = images[part].to(device()), labels[part].to(device())
         _barrier(self.distributed)
@@ -126,7 +126,7 @@ class Trainer:
             self.compute.append(_compute_only(self.wrapped, self.model, x, y))
 
     def result(self):
-        accuracy = evaluate(self.model, self.data[2])["accuracy"]  # every rank takes part
+        accuracy = evaluate(self.model, self.tensors[2])["accuracy"]  # every rank takes part
         losses = torch.tensor(self.losses, dtype=torch.float64, device=device())
         times = torch.tensor(self.times, dtype=torch.float64, device=device())
         if self.distributed:  # the global batch's loss; a step lasts until its slowest rank
