@@ -30,7 +30,7 @@ work side by side and it hides most of the communication. The timeline shows bot
 Run:
     python lessons/07_ddp_from_scratch.py --world-size 2
     python lessons/07_ddp_from_scratch.py --quick          # tiny; figures go to a temp folder
-    torchrun --nproc-per-node 2 lessons/07_ddp_from_scratch.py
+    torchrun --standalone --nproc-per-node 2 lessons/07_ddp_from_scratch.py
 
 Exercises:
   1. Make step 2 hang: in HookDDP, let rank 1 skip fc2 in forward (an unused parameter). Why

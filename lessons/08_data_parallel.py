@@ -28,7 +28,7 @@ the replicas' threads would draw their masks from one generator in a random orde
 Run (one process; --world-size is the number of replicas):
     python lessons/08_data_parallel.py --world-size 2
     python lessons/08_data_parallel.py --quick
-    torchrun --nproc-per-node 1 lessons/08_data_parallel.py   # the same, one rank
+    torchrun --standalone --nproc-per-node 1 lessons/08_data_parallel.py   # the same, one rank
 
 Exercises:
   1. Run with --world-size 3 and a batch of 10: what chunk sizes does scatter choose, and why

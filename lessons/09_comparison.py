@@ -31,7 +31,7 @@ weights and gradients are 0.2 MB.
 Run:
     python lessons/09_comparison.py --world-size 2        # a full epoch: a few minutes
     python lessons/09_comparison.py --quick               # 10 steps; figures to a temp folder
-    torchrun --nproc-per-node 2 lessons/09_comparison.py
+    torchrun --standalone --nproc-per-node 2 lessons/09_comparison.py
 
 Exercises:
   1. Turn dropout back on (model.train() in comparison.run): which columns change, and why do
