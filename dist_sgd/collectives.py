@@ -23,8 +23,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from .allreduce import (ALGORITHMS, ALL_REDUCE_ALGORITHMS, Link, ring_all_gather,
-                        ring_reduce_scatter, tree_broadcast, tree_reduce)
+from .allreduce import (ALGORITHMS, ALL_REDUCE_ALGORITHMS, ring_all_gather, ring_reduce_scatter,
+                        tree_broadcast, tree_reduce)
+from .wire import Link
 from .launch import device
 
 __all__ = ["broadcast", "reduce", "all_reduce", "all_gather", "gather", "scatter",

@@ -1,5 +1,4 @@
 """The networks the lessons train. Small on purpose: they must train on a 2-core laptop."""
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 

@@ -26,13 +26,13 @@ class Partition(Dataset):
     """A view of `data` through a list of indices (the tutorial's Partition)."""
 
     def __init__(self, data, index):
-        self.data, self.index = data, list(index)
+        self.dataset, self.index = data, list(index)
 
     def __len__(self):
         return len(self.index)
 
     def __getitem__(self, i):
-        return self.data[self.index[i]]
+        return self.dataset[self.index[i]]
 
 
 class DataPartitioner:
@@ -47,7 +47,7 @@ class DataPartitioner:
         sizes = [float(s) for s in sizes]
         if not sizes or min(sizes) < 0 or not math.isclose(sum(sizes), 1.0, abs_tol=1e-6):
             raise ValueError(f"sizes must be non-negative fractions that sum to 1, got {sizes}")
-        self.data = data
+        self.dataset = data  # (named dataset: tensor .data is a different, banned thing)
         indexes = list(range(len(data)))
         random.Random(seed).shuffle(indexes)  # same seed on every rank -> same shuffle
         cuts, total = [0], 0.0
@@ -61,7 +61,7 @@ class DataPartitioner:
         if not 0 <= partition < len(self.partitions):
             raise ValueError(f"partition must be in [0, {len(self.partitions) - 1}], "
                              f"got {partition}")
-        return Partition(self.data, self.partitions[partition])
+        return Partition(self.dataset, self.partitions[partition])
 
 
 def _group_default(value, what, getter):

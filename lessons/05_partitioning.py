@@ -90,8 +90,7 @@ def partitioner_part(rank, world_size, n):
 
 
 def sampler_part(rank, world_size, dataset, name):
-    n = len(dataset)
-    log(f"\n== 2. ShardSampler vs torch's DistributedSampler ==")
+    log("\n== 2. ShardSampler vs torch's DistributedSampler ==")
     worst = 0
     toy = 10 if 10 % world_size else 11  # a size that does not split evenly: padding shows
     for data, label in ((TensorDataset(torch.arange(toy)), f"toy set of {toy} items"),

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from dist_sgd import allreduce, collectives as C
+from dist_sgd import allreduce, collectives as C, wire
 from dist_sgd.launch import launch
 
 OPS = {"sum": ReduceOp.SUM, "product": ReduceOp.PRODUCT, "min": ReduceOp.MIN, "max": ReduceOp.MAX}
@@ -169,13 +169,13 @@ def check_all_to_all(ck, rank, size, device="cpu"):
 def check_pipeline(ck, rank, size):
     """Tiny segments and window: many segments per message, receive buffers reposted, and
     every collective's sender and receiver must cut messages alike."""
-    old = allreduce.SEGMENT_BYTES, allreduce.WINDOW
-    allreduce.SEGMENT_BYTES, allreduce.WINDOW = 16, 2  # 4 float32 per segment
+    old = wire.SEGMENT_BYTES, wire.WINDOW
+    wire.SEGMENT_BYTES, wire.WINDOW = 16, 2  # 4 float32 per segment
     try:
         check_all_reduce_some(ck, rank, 203, "pipelined")
         check_every_collective(ck, rank, size, 101)
     finally:
-        allreduce.SEGMENT_BYTES, allreduce.WINDOW = old
+        wire.SEGMENT_BYTES, wire.WINDOW = old
     # The real segment size: messages of 1.2 MB, more than one segment each.
     check_all_reduce_some(ck, rank, 300_000 * size + 3, "big", ops=("sum",))
     check_every_collective(ck, rank, size, 300_001)

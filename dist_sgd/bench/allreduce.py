@@ -28,7 +28,7 @@ GOALS = {2: 1.0, 4: 1.25}  # issue 2: our ring / gloo, for messages >= 1 MiB
 def settings(quick):
     if quick:
         return {"world_sizes": (2, 4), "sizes": [2 ** k for k in range(14, 24, 3)], "repeats": 3}
-    return {"world_sizes": (2, 3, 4), "sizes": [2 ** k for k in range(14, 27)], "repeats": 7}
+    return {"world_sizes": (2, 3, 4), "sizes": [2 ** k for k in range(14, 27)], "repeats": 21}
 
 
 def _gamma(nbytes_list):
@@ -65,7 +65,9 @@ def _worker(rank, world_size, sizes, repeats):
                       for name in ALL_REDUCE_ALGORITHMS}
         candidates["gloo"] = lambda t=bufs["gloo"]: dist.all_reduce(t)
         big = nbytes >= 2 ** 24
-        samples = time_alternating(candidates, repeats=max(3, repeats - 2 * big), warmup=1)
+        # Medians of ~20 samples: single samples on a shared 2-core machine swing 2-4x.
+        samples = time_alternating(candidates, repeats=max(3, repeats // 2 if big else repeats),
+                                   warmup=1)
         for name, times in samples.items():
             s = summarize(times)
             rows.append({"world_size": world_size, "algorithm": name, "bytes": nbytes,
