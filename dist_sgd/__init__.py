@@ -2,9 +2,16 @@
 
 One concept per module:
     launch          run a function on N ranks (spawned here, or under torchrun)
+    wire            one collective call's sends and receives (segments, trace, VERBOSE)
     collectives     broadcast, reduce, all_reduce, ... built only from send/recv
+    allreduce       the four all-reduce algorithms: naive, tree, ring, halving-doubling
+    p2p             ping-pong latency and bandwidth, a ring of sends
     data, models    the datasets and networks the lessons train
     partition       ShardSampler (= DistributedSampler), the tutorial's DataPartitioner
     sync, optim     average_gradients, broadcast_parameters; SGD written out
-    ddp, data_parallel   DistributedDataParallel and DataParallel from scratch
+    train           the shared training / evaluation loop of lessons 06-09
+    ddp, ddp_steps  DistributedDataParallel from scratch, and the steps that lead to it
+    data_parallel   DataParallel from scratch (one process, replicas in threads)
+    costmodel       the alpha-beta model of every all-reduce algorithm
+    timing, bench   side-by-side timing; `python -m dist_sgd.bench` draws every figure
 """
