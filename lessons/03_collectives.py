@@ -96,9 +96,11 @@ def lesson(rank, size, quick):
     mine = lambda: torch.arange(4, dtype=torch.float32, device=dev) + 10 * rank  # noqa: E731
     worst = {}
     log(f"{size} ranks; each rank r starts with [10r 10r+1 10r+2 10r+3]; backend {dist.get_backend()}")
+    log(f"(the pictures are drawn for 3 ranks with the last one, r2, as root; here the root is "
+        f"rank {root})")
 
     section(f"broadcast(tensor, src={root})", """
-before: r0 [A]  r1 [B]  r2 [C]       after: r0 [C]  r1 [C]  r2 [C]    (src = 2)
+before: r0 [A]  r1 [B]  r2 [C]       after: r0 [C]  r1 [C]  r2 [C]
 down a binomial tree: the src sends to one rank, then both send, then all four...""")
     t, o = mine(), mine()
     dist.broadcast(t, src=root)

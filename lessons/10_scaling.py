@@ -71,19 +71,12 @@ KiB, MiB = 2 ** 10, 2 ** 20
 
 def measure(rank, world_size, quick):
     """A small version of figures 1-4, measured on every rank; rank 0's view is returned."""
-    from dist_sgd.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
+    from dist_sgd.bench.allreduce import check_against_torch
+    from dist_sgd.collectives import all_reduce
     from dist_sgd.p2p import ping_pong
 
     # Check first: our all-reduce algorithms must equal torch's before we time them.
-    x = torch.randn(1003, generator=torch.Generator().manual_seed(rank))
-    expected = x.clone()
-    dist.all_reduce(expected)
-    max_diff = 0.0
-    for algorithm in ALL_REDUCE_ALGORITHMS:
-        got = x.clone()
-        all_reduce(got, algorithm=algorithm)
-        torch.testing.assert_close(got, expected)
-        max_diff = max(max_diff, (got - expected).abs().max().item())
+    max_diff = check_against_torch()
 
     repeats = 3 if quick else 7
     pp = ping_pong([8, 64 * KiB, 1 * MiB, 4 * MiB] if not quick else [8, 1 * MiB, 4 * MiB], repeats)

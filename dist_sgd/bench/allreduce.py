@@ -42,11 +42,12 @@ def _gamma(nbytes_list):
     return costmodel.fit_alpha_beta(big, [summarize(times[n])["median"] for n in big])[1]
 
 
-def _worker(rank, world_size, sizes, repeats):
+def check_against_torch(n=1007):
+    """Every algorithm of ours against torch.distributed.all_reduce on the same random input
+    (an odd size: uneven chunks). Raises if one differs; returns the max difference."""
     from dist_sgd.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 
-    # Correctness first: a benchmark of a wrong answer is worthless.
-    x = torch.randn(1000 + 7, generator=torch.Generator().manual_seed(rank))
+    x = torch.randn(n, generator=torch.Generator().manual_seed(dist.get_rank()))
     expected = x.clone()
     dist.all_reduce(expected)
     max_diff = 0.0
@@ -55,6 +56,13 @@ def _worker(rank, world_size, sizes, repeats):
         all_reduce(got, algorithm=algorithm)
         torch.testing.assert_close(got, expected)
         max_diff = max(max_diff, (got - expected).abs().max().item())
+    return max_diff
+
+
+def _worker(rank, world_size, sizes, repeats):
+    from dist_sgd.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
+
+    max_diff = check_against_torch()  # a benchmark of a wrong answer is worthless
 
     gamma = _gamma(sizes)
     rows = []
