@@ -30,3 +30,10 @@ def test_lesson_runs(name):
     output = run_lesson(name, "--world-size", "2")
     # Every lesson checks itself against torch and prints the max difference.
     assert "max" in output.lower() and "diff" in output.lower(), output[-2000:]
+
+
+@pytest.mark.parametrize("name", [n for n in LESSONS if n[:2] in ("03", "04", "06", "07")])
+def test_lesson_runs_at_an_odd_world_size(name):
+    # 3 ranks: chunks and shards that do not split evenly, a ring that is not a pair.
+    output = run_lesson(name, "--world-size", "3")
+    assert "max" in output.lower() and "diff" in output.lower(), output[-2000:]
