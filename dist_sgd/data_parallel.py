@@ -33,7 +33,7 @@ import torch.nn as nn
 def scatter(inputs, devices):
     """Split every tensor in `inputs` (a tuple) along dim 0, one chunk per device; anything
     else (and keyword arguments) is passed to every replica as is. Fewer chunks than devices
-    when the batch is smaller than the number of devices."""
+    when the batch is small (5 items over 4 devices: 2 + 2 + 1, as torch splits it)."""
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
     if not tensors:
         raise ValueError("DataParallel needs at least one tensor argument to split the batch")
@@ -43,7 +43,9 @@ def scatter(inputs, devices):
     if any(t.dim() == 0 or t.shape[0] != n for t in tensors):
         raise ValueError(f"every tensor argument must have the batch size {n} in dimension 0, "
                          f"got shapes {[tuple(t.shape) for t in tensors]}")
-    chunks = min(n, len(devices))  # same split as torch: chunk() sizes, largest first
+    # The same split as torch: chunk() sizes, largest first. chunk() may give fewer pieces
+    # than asked (a batch of 5 in 4 chunks of ceil(5/4) = 2 is 3 pieces), so count them.
+    chunks = len(tensors[0].chunk(min(n, len(devices))))
     split = [x.chunk(chunks) if isinstance(x, torch.Tensor) else [x] * chunks for x in inputs]
     return [tuple(s[i].to(devices[i]) if isinstance(s[i], torch.Tensor) else s[i] for s in split)
             for i in range(chunks)]

@@ -10,6 +10,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from .launch import device
+
 
 def _sync():
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -40,7 +42,8 @@ def time_alternating(candidates, repeats=10, warmup=2):
             samples[name].append(time.perf_counter() - start)
     if dist.is_initialized():
         for name in names:
-            t = torch.tensor(samples[name], dtype=torch.float64)
+            # On this rank's device: NCCL only reduces GPU tensors.
+            t = torch.tensor(samples[name], dtype=torch.float64, device=device())
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             samples[name] = t.tolist()
     return samples

@@ -202,7 +202,7 @@ def all_checks(rank, world_size):
     return done
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_ddp_matches_single_process_and_torch(world_size):
     results = launch(all_checks, world_size, backend="gloo")
     assert len(results) == world_size
