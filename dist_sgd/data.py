@@ -166,7 +166,10 @@ def _probe(urls, timeout):
 
 def mnist(train=True, root="data", download=True):
     """MNIST through torchvision: use the files in root/MNIST/raw, else download them."""
-    from torchvision import datasets
+    try:
+        from torchvision import datasets
+    except ImportError as e:  # "auto" then falls back to Fashion-MNIST or synthetic data
+        raise DatasetNotFound(f"torchvision is not importable ({e}): pip install torchvision")
 
     raw = os.path.join(root, "MNIST", "raw")
     if _pair_paths(raw, train) is None:

@@ -20,6 +20,10 @@ What it does, in the order it happens:
    order, so no rank ever waits for an all-reduce its peer never starts. Then we wait for every
    bucket and copy the averages back into .grad, all before loss.backward() returns.
 
+Buffers (BatchNorm's running statistics) are broadcast at construction only; torch's DDP, with
+its default broadcast_buffers=True, broadcasts them from rank 0 before every forward as well.
+None of the lessons' models has buffers that change, so we leave that out (an exercise).
+
 Unused parameters: each bucket carries, after its gradients, one "had a gradient" flag per
 parameter; the same all-reduce sums them, so every rank learns how many ranks used each
 parameter at the price of a few extra numbers per bucket (torch DDP's find_unused_parameters

@@ -18,6 +18,7 @@ import os
 import pickle
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -74,9 +75,12 @@ def log(*args, **kwargs):
 def rank_print(*args, **kwargs):
     """print() from every rank, prefixed with [rank r]: for output that differs per rank."""
     rank = _rank()
-    sep = kwargs.pop("sep", " ")
-    # One write per line: ranks share the terminal, and separate writes would interleave.
-    print(sep.join([f"[rank {rank}]"] + [str(a) for a in args]), **kwargs, flush=True)
+    sep, end = kwargs.pop("sep", " "), kwargs.pop("end", "\n")
+    # One write per line, newline included: ranks share the terminal, and print() writes the
+    # text and the newline separately, so two ranks' lines could run together.
+    file = kwargs.pop("file", None) or sys.stdout
+    file.write(sep.join([f"[rank {rank}]"] + [str(a) for a in args]) + end)
+    file.flush()
 
 
 def free_port():

@@ -33,7 +33,7 @@ What it checks (against a single process, max differences printed):
   (d) gradient accumulation: k micro-batches give the same update as one k times larger batch.
 (a), (b) and (d) run in float64 with dropout off (eval mode): dropout draws random masks, and
 R processes draw different masks than one process does, so with dropout on the gradients
-differ by chance, not by a bug. float64 makes "equal" mean ~1e-16; float32 gives ~1e-9,
+differ by chance, not by a bug. float64 makes "equal" mean ~1e-16; float32 gives ~1e-8,
 the rounding of adding the same numbers in another order.
 
 Run:

@@ -83,7 +83,7 @@ def show_trace(trace, limit=14):
     for e in trace[:limit]:
         what = e.get("param", e.get("bucket", ""))
         log(f"     {1e3 * (e['t'] - t0):7.2f} ms  {e['event']:12s} {what}")
-    if len(trace) > limit:
+    if limit is not None and len(trace) > limit:
         log(f"     ... {len(trace) - limit} more events")
 
 
@@ -117,7 +117,7 @@ def demo(rank, world_size, dataset_name, quick):
     wrapped.trace = []
     backward(wrapped)  # no explicit sync: the engine callback waited before backward returned
     log("   rank 0's backward, in order (gradients arrive last layer first):")
-    show_trace(wrapped.trace)
+    show_trace(wrapped.trace, limit=None)  # every event: the dones come last
     check("HookDDP", model, reference)
 
     log(f"\n3. DistributedDataParallel: buckets of bucket_cap_mb={SMALL_CAP} MiB")

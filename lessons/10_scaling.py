@@ -39,7 +39,7 @@ Run:
     python lessons/10_scaling.py --world-size 2          # also runs the quick benchmarks (~2 min)
     python lessons/10_scaling.py --world-size 2 --quick  # only the small measurement below
     torchrun --standalone --nproc-per-node 2 lessons/10_scaling.py --quick
-    python -m dist_sgd.bench                              # redraw every committed figure (~10 min)
+    python -m dist_sgd.bench                              # re-measure and redraw every figure (~4 min)
 
 Exercises:
   1. Run with --world-size 4 on a 2-core machine. Which number in the step table gets worse:
@@ -131,8 +131,11 @@ def walk_through(r, world_size):
         cells = ", ".join(f"{a} {s * 1e3:.2f} ms (model {costmodel.predict_all_reduce(a, n, world_size, alpha, beta) * 1e3:.2f})"
                           if a != "gloo" else f"gloo {s * 1e3:.2f} ms" for a, s in t.items())
         log(f"  {human_bytes(n):>7s}: {cells}")
-    log("  (with 2 ranks ring and tree send the same number of messages; the difference shows "
-        "at larger p - see figures/allreduce.png and the table below)")
+    log("  (with 2 ranks ring and tree send the same number of messages (2 each), yet our ring is\n"
+        "   often slower at small sizes here: both ranks send at once and its sends are posted\n"
+        "   while the peer is busy, so a message waits for a descheduled thread on 2 cores;\n"
+        "   the tree's messages go one way at a time. The model has no term for that. The\n"
+        "   ring's advantage is bandwidth at larger p - see figures/allreduce.png and below)")
     p, a10, b10 = 16, *costmodel.link(10, 25)
     for n in (16 * KiB, 64 * MiB):
         ring = costmodel.predict_all_reduce("ring", n, p, a10, b10)
@@ -147,12 +150,13 @@ def walk_through(r, world_size):
     for name, t in s.items():
         label = "no communication" if name == "single process" else name
         log(f"  {label:18s} {t * 1e3:7.1f} ms per step  "
-            f"({r['batch'] * (1 if name == 'single process' else world_size) / t:7.0f} samples/s)")
+            f"({r['batch'] * world_size / t:7.0f} samples/s over {world_size} ranks)")
     for name in ("average_gradients", "torch DDP"):
         share = compute / s[name]
         log(f"  {name}: {share:.0%} of a step computes, {1 - share:.0%} communicates or waits")
-    log("  (\"no communication\" ran on every rank at once, so it is as slow as a rank computes "
-        "here: the speed-up over a lone process is in figures/scaling.png)")
+    log("  (\"no communication\" is every rank computing its own batch and never syncing: the\n"
+        "   best the ranks could do together on these cores; the speed-up over a lone process\n"
+        "   is in figures/scaling.png)")
     log(f"  this machine has {cores} cores; {world_size} processes"
         + (" share them: oversubscribed, each computes slower than a lone process would, "
            "so there is no speed-up." if world_size > cores

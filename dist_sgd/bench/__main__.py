@@ -30,7 +30,7 @@ MEASUREMENTS = {
     "scaling": "figure 3: samples/s and efficiency vs world size, strong and weak",
     "breakdown": "figure 4: where a step's time goes (compute, communication, waiting)",
     "ddp": "figure 5 and more: our DDP vs torch DDP, bucket sweep, backward timeline",
-    "comparison": "lesson 09: six strategies trained side by side (loss, accuracy, time)",
+    "comparison": "lesson 09: every strategy trained side by side (loss, accuracy, time, memory)",
     "atscale": "figure 6: the cost model at 1..1024 workers vs published results",
 }
 

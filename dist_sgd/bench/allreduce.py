@@ -1,4 +1,4 @@
-"""Figure 1 (and issue 2's benchmark): all-reduce bus bandwidth, our algorithms vs gloo.
+"""Figure 1 (and the ours-vs-gloo benchmark): all-reduce bus bandwidth, our algorithms vs gloo.
 
 For world sizes 2, 3, 4 and messages of 16 KiB to 64 MiB, every algorithm of
 dist_sgd.collectives.all_reduce and gloo's torch.distributed.all_reduce run alternately in
@@ -22,7 +22,7 @@ from dist_sgd.bench import common, sweep
 from dist_sgd.timing import summarize, time_alternating
 
 NAME = "allreduce"
-GOALS = {2: 1.0, 4: 1.25}  # issue 2: our ring / gloo, for messages >= 1 MiB
+GOALS = {2: 1.0, 4: 1.25}  # our target: ring / gloo, for messages >= 1 MiB
 
 
 def settings(quick):
@@ -148,7 +148,7 @@ def report(rows):
             goal = GOALS.get(p)
             verdict = "" if goal is None else (f" -> goal <= {goal:.2f}x "
                                               + ("met" if max(ring) <= goal else "NOT met"))
-            print(f"  issue 2: our ring / gloo for >= 1 MiB: median {np.median(ring):.2f}x, "
+            print(f"  our ring / gloo for >= 1 MiB: median {np.median(ring):.2f}x, "
                   f"worst {max(ring):.2f}x{verdict}")
         print(f"  cost model, gamma (local add, all ranks at once) = {fit['gamma'] * 1e12:.0f} ps/byte;"
               f" fitted per algorithm:")

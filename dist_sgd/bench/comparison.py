@@ -44,7 +44,6 @@ from dist_sgd.train import evaluate, per_rank_batch
 DISTRIBUTED = ("average_gradients", "our DDP", "torch DDP")
 EARLY_STEPS = 10  # weights compared after this many steps (rounding only) and at the end
 MEMORY_STEPS = 20  # steps of the short fresh-process runs that measure peak memory
-LOCAL = ("single process", "our DataParallel", "nn.DataParallel")
 
 
 def settings(quick):
@@ -65,11 +64,15 @@ def _wrap(name, model, world_size):
     if name == "torch DDP":
         ids = [device().index] if device().type == "cuda" else None
         return TorchDDP(model, device_ids=ids)
-    if name == "our DataParallel":
-        return DataParallel(model, device_ids=["cpu"] * world_size if device().type == "cpu"
-                            else None)
-    if name == "nn.DataParallel":
-        return torch.nn.DataParallel(model)
+    if name in ("our DataParallel", "nn.DataParallel"):
+        if device().type == "cpu":
+            ids = ["cpu"] * world_size
+        else:  # the model sits on this rank's GPU: DataParallel's first device must be it
+            gpus = torch.cuda.device_count()
+            ids = [(device().index + i) % gpus for i in range(min(world_size, gpus))]
+        if name == "our DataParallel":
+            return DataParallel(model, device_ids=ids)
+        return torch.nn.DataParallel(model, device_ids=ids)
     return model
 
 

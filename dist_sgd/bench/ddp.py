@@ -101,7 +101,7 @@ def measure_speed(s):
     for ws in s["world_sizes"]:
         log(f"ddp_speed: world size {ws}, BigNet, {s['batch']} samples per rank, "
             f"{s['repeats']} alternating repeats ...")
-        results[ws] = launch(speed_rank, ws, s)[0]
+        results[ws] = launch(speed_rank, ws, s, backend="gloo")[0]
         print_speed(_speed_rows(ws, results[ws]), s["cap"])
     return save_speed(results, s, echo=False)
 
@@ -159,7 +159,7 @@ def sweep_rank(rank, world_size, s):
 
 def measure_sweep(s):
     log(f"bucket_sweep: caps {list(s['caps'])} MiB, ours and torch DDP, world size 2 ...")
-    return save_sweep(launch(sweep_rank, 2, s)[0])
+    return save_sweep(launch(sweep_rank, 2, s, backend="gloo")[0])
 
 
 def save_sweep(result):
@@ -186,7 +186,7 @@ def measure(quick=False, parts=("speed", "sweep", "timeline")):
     s = settings(quick)
     if quick and set(parts) == {"speed", "sweep", "timeline"}:  # one spawn for all three
         log("ddp (quick): speed, bucket sweep and timeline in one group of 2 ranks ...")
-        speed, sweep, timeline = launch(_quick_rank, 2, s)[0]
+        speed, sweep, timeline = launch(_quick_rank, 2, s, backend="gloo")[0]
         save_speed({2: speed}, s), save_sweep(sweep), save_timeline(timeline)
         return
     for part in parts:

@@ -80,7 +80,7 @@ def forward_loss(wrapped, batch):
 
 def measure_timeline(s):
     log("ddp_timeline: one backward pass of BigNet, world size 2, three strategies ...")
-    return save_timeline(launch(timeline_rank, 2, s)[0])
+    return save_timeline(launch(timeline_rank, 2, s, backend="gloo")[0])
 
 
 def save_timeline(rows):
