@@ -174,7 +174,8 @@ def save_sweep(result):
     for label in dict.fromkeys(r["bucket_cap_mb"] for r in rows):
         o, t = (next(r for r in rows if r["who"] == w and r["bucket_cap_mb"] == label)
                 for w in ("ours", "torch"))
-        log(f"  {label:>10s} MiB ({o['our_buckets']} buckets): ours {o['median_ms']:7.2f} ms, "
+        cap = label if label == "one bucket" else f"{label} MiB"
+        log(f"  {cap:>14s} ({o['our_buckets']} buckets): ours {o['median_ms']:7.2f} ms, "
             f"torch {t['median_ms']:7.2f} ms, ratio {o['median_ms'] / t['median_ms']:.3f}")
     common.write_csv("bucket_sweep", rows)
     return rows
