@@ -114,7 +114,6 @@ class Bucket:
         p0 = params[0]
         # [gradient of params[0] | gradient of params[1] | ... | one used-flag per parameter]
         self.buffer = torch.zeros(self.numel + len(params), dtype=p0.dtype, device=p0.device)
-        self.grads = self.buffer[:self.numel]
         self.flags = self.buffer[self.numel:]
         self.views, offset = [], 0
         for p in params:
