@@ -15,10 +15,7 @@ alternating (time_alternating: medians, slowest rank per sample):
                 the three steps of lesson 07 (code in bench/ddp_timeline.py).
 Lesson 09's comparison (training curves, differences, memory) lives in bench/comparison.py.
 """
-import os
 import sys
-import tempfile
-import time
 
 import torch
 import torch.distributed as dist
@@ -256,15 +253,10 @@ def draw_sweep():
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    quick = "--quick" in argv
-    if quick and "DIST_SGD_FIGURES" not in os.environ:  # as `python -m dist_sgd.bench --quick`
-        common.FIGURES_DIR = tempfile.mkdtemp(prefix="dist_sgd_quick_figures_")
-    start = time.perf_counter()
-    measure(quick)
-    for path in draw():
-        print("wrote", path)
-    print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
+    """`python -m dist_sgd.bench.ddp [--quick]` is `python -m dist_sgd.bench ddp [--quick]`."""
+    from dist_sgd.bench.__main__ import main as bench_main
+
+    return bench_main(["ddp", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
