@@ -42,7 +42,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dist_sgd.data import get_dataset  # noqa: E402
 from dist_sgd.launch import lesson_parser  # noqa: E402
 from dist_sgd.models import Net, count_parameters, init_weights  # noqa: E402

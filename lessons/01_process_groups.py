@@ -45,7 +45,6 @@ import time
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dist_sgd.launch import (INIT_METHODS, RankError, device, launch,  # noqa: E402
                              lesson_parser, log, rank_print, under_torchrun)
 

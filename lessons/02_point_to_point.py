@@ -48,7 +48,6 @@ import time
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dist_sgd.costmodel import fit_alpha_beta  # noqa: E402
 from dist_sgd.launch import device, launch, lesson_parser, log, rank_print  # noqa: E402
 from dist_sgd.p2p import ping_pong, ring_shift  # noqa: E402

@@ -43,7 +43,6 @@ import time
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dist_sgd import collectives as ours  # noqa: E402
 from dist_sgd.launch import device, launch, lesson_parser, log  # noqa: E402
 

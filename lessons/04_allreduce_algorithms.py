@@ -59,7 +59,6 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dist_sgd import costmodel, ringviz  # noqa: E402
 from dist_sgd.collectives import ALL_REDUCE_ALGORITHMS, all_reduce  # noqa: E402
 from dist_sgd.launch import device, launch, lesson_parser, log  # noqa: E402

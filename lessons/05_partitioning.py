@@ -44,7 +44,6 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dist_sgd.data import get_dataset  # noqa: E402
 from dist_sgd.launch import device, launch, lesson_parser, log, rank_print  # noqa: E402
 from dist_sgd.models import Net  # noqa: E402

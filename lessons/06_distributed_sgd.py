@@ -57,7 +57,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dist_sgd.data import get_dataset  # noqa: E402
 from dist_sgd.launch import device, launch, lesson_parser, log, under_torchrun  # noqa: E402
 from dist_sgd.models import Net  # noqa: E402

@@ -50,7 +50,6 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dist_sgd import collectives  # noqa: E402
 from dist_sgd.bench import common, ddp as bench  # noqa: E402
 from dist_sgd.data import get_dataset  # noqa: E402

@@ -45,7 +45,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dist_sgd.data import get_dataset  # noqa: E402
 from dist_sgd.data_parallel import (DataParallel, gather, parallel_apply, replicate,  # noqa: E402
                                     scatter)

@@ -49,7 +49,6 @@ import tempfile
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dist_sgd.bench import common, comparison  # noqa: E402
 from dist_sgd.launch import lesson_parser, log  # noqa: E402
 

@@ -59,7 +59,6 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dist_sgd import costmodel, models  # noqa: E402
 from dist_sgd.bench.scaling import build, make_steps  # noqa: E402
 from dist_sgd.costmodel import human_bytes  # noqa: E402
