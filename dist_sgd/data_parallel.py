@@ -5,11 +5,12 @@
     loss = F.nll_loss(model(x), y); loss.backward()     # the gradient of the whole batch
 
 Every forward does four things (torch.nn.DataParallel does the same, in the same order):
-1. scatter: split the batch along dimension 0 into one chunk per device (and copy it there);
+1. scatter: split every tensor of the inputs (positional and keyword, nested in tuples, lists,
+   dicts and namedtuples) along `dim` into one chunk per device, and copy it there;
 2. replicate: a shallow copy of the module per device whose parameters are *differentiable
    copies* of the original ones (on the original's device, the originals themselves);
 3. parallel_apply: run each replica on its chunk, each in its own thread;
-4. gather: concatenate the outputs on the first device.
+4. gather: concatenate the outputs (tensors, nested in the same containers) on output_device.
 There is no all-reduce: the copies of step 2 are autograd operations, so the single backward
 from the gathered output flows back through them and *sums* every replica's gradient into the
 original parameters - the gradient of the whole batch, exactly what one process computes.
@@ -21,43 +22,89 @@ releases the GIL inside its kernels, so big layers can run in parallel, but all 
 between them is serialized; and on the CPU, autograd runs the whole backward in one thread.
 torch.nn.DataParallel with no GPU simply calls the module: that is also what ours does when
 device_ids is None and there is no GPU.
+
+Where ours differs from torch's (README, "How ours differs from torch's"): tensors whose sizes
+along `dim` differ are refused (torch chunks each separately and silently pairs them up wrong
+or drops replicas); an empty batch and 0-d tensor inputs are refused with a clear message.
 """
 import threading
-from contextlib import nullcontext
 import time
+import warnings
+from contextlib import nullcontext
 
 import torch
 import torch.nn as nn
 
 
-def scatter(inputs, devices):
-    """Split every tensor in `inputs` (a tuple) along dim 0, one chunk per device; anything
-    else (and keyword arguments) is passed to every replica as is. Fewer chunks than devices
-    when the batch is small (5 items over 4 devices: 2 + 2 + 1, as torch splits it)."""
-    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
-    if not tensors:
-        raise ValueError("DataParallel needs at least one tensor argument to split the batch")
-    n = tensors[0].shape[0] if tensors[0].dim() else 0
-    if n == 0:
-        raise ValueError("DataParallel cannot split an empty batch (or a 0-d tensor)")
-    if any(t.dim() == 0 or t.shape[0] != n for t in tensors):
-        raise ValueError(f"every tensor argument must have the batch size {n} in dimension 0, "
-                         f"got shapes {[tuple(t.shape) for t in tensors]}")
-    # The same split as torch: chunk() sizes, largest first. chunk() may give fewer pieces
-    # than asked (a batch of 5 in 4 chunks of ceil(5/4) = 2 is 3 pieces), so count them.
-    chunks = len(tensors[0].chunk(min(n, len(devices))))
-    split = [x.chunk(chunks) if isinstance(x, torch.Tensor) else [x] * chunks for x in inputs]
-    return [tuple(s[i].to(devices[i]) if isinstance(s[i], torch.Tensor) else s[i] for s in split)
-            for i in range(chunks)]
+def _is_namedtuple(obj):
+    return isinstance(obj, tuple) and hasattr(obj, "_asdict") and hasattr(obj, "_fields")
+
+
+def _tensors_in(obj):
+    """Every tensor in a nest of tuples, lists and dicts, in order."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for x in obj for t in _tensors_in(x)]
+    if isinstance(obj, dict):
+        return [t for x in obj.values() for t in _tensors_in(x)]
+    return []
+
+
+def _check_batch(obj, dim):
+    """All tensors must split alike: the same size along `dim`, and not empty there."""
+    sizes = {tuple(t.shape) for t in _tensors_in(obj)}
+    for shape in sizes:
+        if len(shape) <= dim:
+            raise ValueError(f"DataParallel splits inputs along dim {dim}, but one tensor "
+                             f"has shape {shape}")
+    if len({shape[dim] for shape in sizes}) > 1:
+        raise ValueError(f"every tensor argument (keyword arguments too) must have the same size "
+                         f"along dim {dim} to be split alike, got shapes {sorted(sizes)}")
+    if sizes and next(iter(sizes))[dim] == 0:
+        raise ValueError("DataParallel cannot split an empty batch")
+
+
+def scatter(obj, devices, dim=0):
+    """One copy of `obj` per replica: tensors chunked along `dim` (torch's chunk sizes,
+    largest first), containers rebuilt around the chunks, anything else shared as is.
+    zip() stops at the shortest: a batch of 5 over 4 devices gives 3 chunks (2 + 2 + 1), so
+    only 3 replicas run, as in torch."""
+    if isinstance(obj, torch.Tensor):
+        return [c.to(d) for c, d in zip(obj.chunk(len(devices), dim), devices)]
+    if _is_namedtuple(obj):
+        return [type(obj)(*parts) for parts in zip(*(scatter(x, devices, dim) for x in obj))]
+    if isinstance(obj, tuple) and obj:
+        return list(zip(*(scatter(x, devices, dim) for x in obj)))
+    if isinstance(obj, list) and obj:
+        return [list(parts) for parts in zip(*(scatter(x, devices, dim) for x in obj))]
+    if isinstance(obj, dict) and obj:
+        return [type(obj)(items) for items in zip(*(scatter(kv, devices, dim) for kv in obj.items()))]
+    return [obj for _ in devices]
+
+
+def scatter_kwargs(inputs, kwargs, devices, dim=0):
+    """Scatter the positional and the keyword arguments alike; pad the shorter list."""
+    _check_batch((inputs, kwargs), dim)
+    ins = scatter(inputs, devices, dim) if inputs else []
+    kws = scatter(kwargs, devices, dim) if kwargs else []
+    ins += [()] * (len(kws) - len(ins))
+    kws += [{}] * (len(ins) - len(kws))
+    return ins, kws
 
 
 def replicate(module, devices):
     """A replica of `module` per device, sharing the code and config, whose parameters are
-    autograd copies of the originals: gradients flow from every replica back to them."""
-    return [_copy_module(module, torch.device(d), {}) for d in devices]
+    autograd copies of the originals: gradients flow from every replica back to them.
+    Buffers (BatchNorm's running statistics) are copies without autograd; replica 0 keeps the
+    originals, so its updates are the ones that last - as in torch, where the other replicas'
+    copies are thrown away. On one CPU that also means no two threads update one buffer."""
+    memo = [{} for _ in devices]
+    return [_copy_module(module, torch.device(d), memo[i], first=(i == 0))
+            for i, d in enumerate(devices)]
 
 
-def _copy_module(module, dev, memo):
+def _copy_module(module, dev, memo, first):
     if module in memo:  # a submodule used twice stays one submodule in the replica
         return memo[module]
     replica = module.__new__(type(module))
@@ -67,17 +114,26 @@ def _copy_module(module, dev, memo):
     # On the original's own device .to() returns the original: shared, as on one CPU.
     replica._parameters = {k: None if p is None else p.to(dev)
                            for k, p in module._parameters.items()}
-    replica._buffers = {k: None if b is None else b.to(dev) for k, b in module._buffers.items()}
-    replica._modules = {k: None if m is None else _copy_module(m, dev, memo)
+    replica._buffers = {k: None if b is None else _copy_buffer(b, dev, first)
+                        for k, b in module._buffers.items()}
+    replica._modules = {k: None if m is None else _copy_module(m, dev, memo, first)
                         for k, m in module._modules.items()}
     return replica
 
 
+def _copy_buffer(buffer, dev, first):
+    if first:
+        return buffer.to(dev)  # on its own device: the original itself
+    copy = buffer.detach().to(dev)
+    # Same device (CPU replicas): .to() gave the original back, so take a copy of our own.
+    return copy.clone() if copy.data_ptr() == buffer.data_ptr() else copy
+
+
 def parallel_apply(replicas, inputs, devices, kwargs=None):
-    """Run replicas[i](*inputs[i], **kwargs) in one thread each; outputs in order. Grad mode
-    and the current GPU are per thread in torch, so each thread sets them; a replica's error
-    is re-raised here, in the caller's thread."""
-    kwargs = kwargs or {}
+    """Run replicas[i](*inputs[i], **kwargs[i]) in one thread each; outputs in order. Grad
+    mode and the current GPU are per thread in torch, so each thread sets them; a replica's
+    error is re-raised here, in the caller's thread."""
+    kwargs = kwargs or [{}] * len(replicas)
     grad_enabled = torch.is_grad_enabled()
     results = [None] * len(replicas)
 
@@ -85,7 +141,7 @@ def parallel_apply(replicas, inputs, devices, kwargs=None):
         try:
             gpu = torch.cuda.device(devices[i]) if devices[i].type == "cuda" else nullcontext()
             with torch.set_grad_enabled(grad_enabled), gpu:
-                results[i] = ("ok", replicas[i](*inputs[i], **kwargs))
+                results[i] = ("ok", replicas[i](*inputs[i], **kwargs[i]))
         except BaseException as e:  # noqa: BLE001 - carried to the caller's thread
             results[i] = ("error", e)
 
@@ -103,56 +159,82 @@ def parallel_apply(replicas, inputs, devices, kwargs=None):
     return [value for _, value in results]
 
 
-def gather(outputs, device):
-    """Concatenate the replicas' outputs (tensors, or tuples/lists/dicts of them) along dim 0
-    on `device`. Differentiable: backward sends each replica its slice of the gradient."""
+def gather(outputs, device, dim=0):
+    """The replicas' outputs as one: tensors concatenated along `dim` on `device` (0-d tensors,
+    such as a loss each replica computed, become a vector with one entry per replica, with
+    torch's warning); None stays None; tuples, lists, dicts and namedtuples are rebuilt.
+    Differentiable: backward sends each replica its slice of the gradient."""
     first = outputs[0]
     if isinstance(first, torch.Tensor):
-        return torch.cat([o.to(device) for o in outputs])
-    if isinstance(first, (tuple, list)):
-        return type(first)(gather([o[i] for o in outputs], device) for i in range(len(first)))
+        if dim == 0 and all(o.dim() == 0 for o in outputs):
+            warnings.warn("Was asked to gather along dimension 0, but all input tensors were "
+                          "scalars; will instead unsqueeze and return a vector.", stacklevel=2)
+            outputs = [o.view(1) for o in outputs]
+        return torch.cat([o.to(device) for o in outputs], dim)
+    if first is None:
+        return None
     if isinstance(first, dict):
-        return {k: gather([o[k] for o in outputs], device) for k in first}
-    raise TypeError(f"DataParallel cannot gather outputs of type {type(first).__name__}")
+        if not all(len(first) == len(o) for o in outputs):
+            raise ValueError("All dicts must have the same number of keys")
+        return type(first)((k, gather([o[k] for o in outputs], device, dim)) for k in first)
+    if _is_namedtuple(first):
+        return type(first)._make(gather(list(xs), device, dim) for xs in zip(*outputs, strict=True))
+    if isinstance(first, (tuple, list)):
+        return type(first)(gather(list(xs), device, dim) for xs in zip(*outputs, strict=True))
+    raise TypeError(f"DataParallel cannot gather outputs of type {type(first).__name__}: return "
+                    f"tensors, None, or tuples, lists, dicts or namedtuples of them")
 
 
 class DataParallel(nn.Module):
     """Single-process data parallelism over `device_ids` (GPU indices or devices like "cpu").
 
-    device_ids=None: every visible GPU; without a GPU, the module is just called. The module's
-    parameters must live on device_ids[0], where the output is gathered.
-    `.last_times` holds the seconds each phase of the latest forward took.
+    The same arguments as torch.nn.DataParallel: device_ids=None means every visible GPU
+    (without a GPU, the module is just called); output_device (default device_ids[0]) is where
+    outputs are gathered; dim is the dimension inputs are split along. The module's parameters
+    and buffers must live on device_ids[0]. `.last_times` holds the seconds each phase of the
+    latest forward took.
     """
 
-    def __init__(self, module, device_ids=None):
+    def __init__(self, module, device_ids=None, output_device=None, dim=0):
         super().__init__()
         self.module = module
+        self.dim = dim
         if device_ids is None:
             device_ids = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-        self.devices = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
-                        for d in device_ids]
+        self.devices = [_device(d) for d in device_ids]
+        self.output_device = _device(output_device if output_device is not None
+                                     else (self.devices or ["cpu"])[0])
         self.last_times = {}
-        if self.devices:
-            home = next(module.parameters(), torch.empty(0, device=self.devices[0])).device
-            if _norm(home) != _norm(self.devices[0]):
-                raise ValueError(f"the module's parameters are on {home}, but device_ids[0] is "
-                                 f"{self.devices[0]}: move the module there first")
 
     def forward(self, *inputs, **kwargs):
-        if len(self.devices) <= 1:  # nothing to split over: torch does the same
+        if not self.devices:  # no GPU: torch calls the module, so do we
             return self.module(*inputs, **kwargs)
+        home = _norm(self.devices[0])
+        for t in list(self.module.parameters()) + list(self.module.buffers()):
+            if _norm(t.device) != home:
+                raise RuntimeError(f"module must have its parameters and buffers on device "
+                                   f"{self.devices[0]} (device_ids[0]) but found one of them on "
+                                   f"device: {t.device}")
         t0 = time.perf_counter()
-        chunks = scatter(inputs, self.devices)
+        ins, kws = scatter_kwargs(inputs, kwargs, self.devices, self.dim)
+        if not ins:  # a forward without arguments runs once, on the first device
+            ins, kws = [()], [{}]
+        if len(self.devices) == 1:
+            return self.module(*ins[0], **kws[0])
         t1 = time.perf_counter()
-        replicas = replicate(self.module, self.devices[:len(chunks)])
+        replicas = replicate(self.module, self.devices[:len(ins)])
         t2 = time.perf_counter()
-        outputs = parallel_apply(replicas, chunks, self.devices, kwargs)
+        outputs = parallel_apply(replicas, ins, self.devices, kws)
         t3 = time.perf_counter()
-        out = gather(outputs, self.devices[0])
+        out = gather(outputs, self.output_device, self.dim)
         t4 = time.perf_counter()
         self.last_times = {"scatter": t1 - t0, "replicate": t2 - t1, "apply": t3 - t2,
                            "gather": t4 - t3}
         return out
+
+
+def _device(d):
+    return torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
 
 
 def _norm(dev):

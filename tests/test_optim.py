@@ -156,3 +156,39 @@ def test_invalid_group_option_is_caught():
     with pytest.raises(ValueError, match="Nesterov"):
         SGD([{"params": model[0].parameters()},
              {"params": model[2].parameters(), "nesterov": True}], lr=0.1)
+
+
+@pytest.mark.parametrize("options", [
+    dict(maximize=True), dict(maximize=True, momentum=0.9, weight_decay=0.01),
+    dict(foreach=True, momentum=0.9, nesterov=True), dict(foreach=False, momentum=0.9),
+    dict(lr=torch.tensor(0.05), momentum=0.9), dict(lr=torch.tensor(0.05), maximize=True),
+], ids=["maximize", "maximize-momentum-wd", "foreach", "no-foreach", "tensor-lr", "tensor-lr-max"])
+def test_keyword_options_match_torch(options):
+    ours, theirs = make_model(), make_model()
+    run(SGD, ours, skip_every=4, **options)
+    run(torch.optim.SGD, theirs, skip_every=4, **options)
+    assert_same(ours, theirs)
+
+
+def test_defaults_and_state_dict_keys_match_torch():
+    ours = SGD(make_model().parameters())
+    theirs = torch.optim.SGD(make_model().parameters())
+    assert ours.defaults == theirs.defaults  # lr=1e-3 and every keyword, as torch
+    assert ours.state_dict()["param_groups"][0].keys() == theirs.state_dict()["param_groups"][0].keys()
+
+
+@pytest.mark.parametrize("option", ["fused", "differentiable"])
+def test_unimplemented_options_refused_clearly(option):
+    with pytest.raises(ValueError, match=f"does not implement {option}=True"):
+        SGD(make_model().parameters(), lr=0.1, **{option: True})
+    # ... also when they arrive in a torch state_dict: refused, not silently ignored
+    theirs = torch.optim.SGD(make_model().parameters(), lr=0.1, **{option: True})
+    ours = SGD(make_model().parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=f"does not implement {option}=True"):
+        ours.load_state_dict(theirs.state_dict())
+
+
+def test_tensor_lr_must_have_one_element():
+    for cls in (SGD, torch.optim.SGD):
+        with pytest.raises(ValueError, match="1-element"):
+            cls(make_model().parameters(), lr=torch.tensor([0.1, 0.2]))
