@@ -134,8 +134,7 @@ def main():
     start = time.perf_counter()
     results = launch(run, args.world_size, "launch()", backend=args.backend)
     if results is not None:  # in the process that reports (the parent, or torchrun's rank 0)
-        log(f"every rank's result, by rank: {results} ({time.perf_counter() - start:.1f} s, "
-            "ranks forked from one helper that imported torch once)")
+        log(f"every rank's result, by rank: {results} ({time.perf_counter() - start:.1f} s)")
     if not started_here:
         log("(under torchrun a failing rank ends the whole job: torchrun stops the others. "
             "Run without torchrun to see launch() name the failed rank.)")
