@@ -77,6 +77,23 @@ def test_no_process_is_left_behind(group):
     assert group["left_behind"] == []
 
 
+def test_a_rank_is_not_taken_for_a_torchrun_rank(group):
+    # RANK / WORLD_SIZE in a rank's environment are launch()'s: a rank that calls launch()
+    # again spawns a group of its own, as under mp.spawn.
+    assert {r["under_torchrun"] for r in group["results"]} == {False}
+
+
+def check_report(results, init_method, world_size):
+    """Every property above, for a launch of report() made elsewhere (tests/test_p2p.py)."""
+    group = {"method": init_method, "world_size": world_size, "results": results,
+             "left_behind": mp.active_children()}
+    for test in (test_results_are_indexed_by_rank, test_each_rank_joins_one_group_of_the_world_size,
+                 test_all_reduce_through_the_group_sums_every_rank, test_each_rank_is_its_own_process,
+                 test_each_rank_computes_with_one_thread, test_no_process_is_left_behind,
+                 test_a_rank_is_not_taken_for_a_torchrun_rank):
+        test(group)
+
+
 # ---- bad arguments: clear errors before anything starts -------------------------------------
 
 @pytest.mark.parametrize("world_size", [0, -1, "2", 2.0, True, None])
@@ -316,12 +333,6 @@ def exit_quietly(rank, world_size):
 
 def test_a_rank_that_ends_its_process_with_exit_code_0_is_success():
     assert launch(exit_quietly, 1) == [None]
-
-
-def test_a_rank_is_not_taken_for_a_torchrun_rank(group):
-    # RANK / WORLD_SIZE in a rank's environment are launch()'s: a rank that calls launch()
-    # again spawns a group of its own, as under mp.spawn.
-    assert {r["under_torchrun"] for r in group["results"]} == {False}
 
 
 def test_leftovers_of_earlier_runs_change_nothing(monkeypatch, tmp_path):
