@@ -21,9 +21,10 @@ What this lesson does:
      In the group each rank prints who it is, waits at a barrier (nobody passes until all
      have arrived) and checks the group with one all-reduce;
   2. does the same with dist_sgd.launch.launch(), and shows what it adds: a free port
-     chosen by the kernel (never a fixed one), a timeout on every operation (torch's default
-     is 10 minutes for gloo: a lost rank would stall its peers that long), every rank's
-     result back by rank, and, when one rank fails, an error naming it; no process is left.
+     chosen by the kernel (never a fixed one), a timeout on every operation (torch's
+     default is 30 minutes for gloo, 10 for NCCL: a lost rank would stall its peers that
+     long), every rank's result back by rank, and, when one rank fails, an error naming
+     it; no process is left behind.
 Under torchrun the processes exist already: torchrun started them and set the env://
 variables, so step 1 is one init_process with env:// in each of them.
 
@@ -85,7 +86,7 @@ def init_process(rank, size, fn, init_methods, port=None):
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     for url in init_methods:
         dist.init_process_group("gloo", init_method=url, rank=rank, world_size=size,
-                                timeout=datetime.timedelta(seconds=60))
+                                timeout=datetime.timedelta(seconds=60))  # default: 30 min
         fn(rank, size, url.split("//")[0] + "//")
         dist.barrier()  # leave together: rank 0 hosts the store the others may still use
         dist.destroy_process_group()
