@@ -68,8 +68,9 @@ def _op_name(op):
         for name, known, _ in _REDUCERS:
             if op == known:
                 return name
+    got = f"ReduceOp {op.op}" if isinstance(op, ReduceOp) else repr(op)  # repr has an address
     raise ValueError(f"op must be one of {', '.join('ReduceOp.' + n for n in OP_NAMES)}; got "
-                     f"{op!r} (PREMUL_SUM is NCCL's only: gloo refuses it too)")
+                     f"{got} (PREMUL_SUM is NCCL's only: gloo refuses it too)")
 
 
 def reducer(op, dtype=None):
