@@ -24,6 +24,9 @@ OPS = {"<=": operator.le, ">=": operator.ge, "==": operator.eq, "<": operator.lt
 
 # How many check lines each lesson prints at least (at --quick, world size 2).
 MIN_CHECKS = {}
+MIN_CHECKS["02"] = 3  # both rings against dist.all_reduce, the copied send arrived intact
+MIN_CHECKS["03"] = 12  # every collective (all_reduce with SUM, AVG, MAX), the barrier, random inputs
+MIN_CHECKS["04"] = 7  # 2(p-1) ring messages of <= ceil(n/p), every algorithm against torch
 # Other numbers a lesson promises, per lesson number: (regex with one number group, op, bound).
 BOUNDS = {}
 # Lessons also run at an odd world size: chunks and shards that do not split evenly.
