@@ -186,7 +186,7 @@ def torch_refuses(call):
     try:
         call()
         return None
-    except (RuntimeError, ValueError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 - which exception is part of what we compare
         return f"{type(e).__name__}: {str(e).splitlines()[0]}"
 
 
@@ -342,7 +342,7 @@ def errors(rank, size):
     for name, call in bad.items():
         try:
             call()
-        except (ValueError, TypeError) as e:
+        except Exception as e:  # noqa: BLE001 - the test checks the type
             messages[name] = f"{type(e).__name__}: {e}"
     if size > 1:  # sizes that differ between ranks, caught by torch's own debug switch
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
@@ -560,7 +560,7 @@ def test_bad_input_gets_a_clear_error(results):
         wanted["mismatch"] = "rank 0: 4 elements, rank 1: 5 elements"
     for name, text in wanted.items():
         assert name in m, f"{name}: no error raised"
-        assert text in m[name], (name, m[name])
+        assert text in m[name] and m[name].startswith(("ValueError", "TypeError")), (name, m[name])
     assert m["after"] == (torch.arange(5.0) * size + sum(range(size))).tolist()
     assert m["parameter"] == [float(size * (size - 1))] * 3
     assert all(r["errors"] == m for r in res[1:]), "every rank raises alike"
