@@ -564,3 +564,31 @@ def test_bad_input_gets_a_clear_error(results):
     assert m["after"] == (torch.arange(5.0) * size + sum(range(size))).tolist()
     assert m["parameter"] == [float(size * (size - 1))] * 3
     assert all(r["errors"] == m for r in res[1:]), "every rank raises alike"
+
+
+def _cuda_cases(rank, size):
+    """GPU tensors over NCCL: every algorithm and the ring's phases against torch's."""
+    dev, failed = torch.device("cuda", rank), []
+    for n in (0, 3, 1001):
+        x = torch.randn(n, generator=torch.Generator().manual_seed(rank)).to(dev)
+        for alg in C.ALL_REDUCE_ALGORITHMS:
+            ref, ours = x.clone(), x.clone()
+            dist.all_reduce(ref)
+            C.all_reduce(ours, algorithm=alg)
+            failed += [] if torch.allclose(ours, ref, atol=1e-5) else [f"all_reduce/{alg}/{n}"]
+        ref, ours = [torch.empty_like(x) for _ in range(size)], [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(ref, x)
+        C.all_gather(ours, x)
+        failed += [] if torch.equal(torch.stack(ours), torch.stack(ref)) else [f"all_gather/{n}"]
+        ref, ours = x.clone(), x.clone()
+        dist.broadcast(ref, src=size - 1)
+        C.broadcast(ours, src=size - 1)
+        failed += [] if torch.equal(ours, ref) else [f"broadcast/{n}"]
+    C.barrier()
+    return failed
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2 or not dist.is_nccl_available(),
+                    reason="needs 2 GPUs and NCCL")
+def test_cuda_tensors_over_nccl():
+    assert launch(_cuda_cases, 2, backend="nccl") == [[], []]
