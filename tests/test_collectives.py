@@ -101,8 +101,9 @@ class Recorder:
 
 
 def check_all_reduce(rec, rank, size):
-    for alg in C.ALL_REDUCE_ALGORITHMS:  # every op on the ring; SUM and MAX on the others
-        for op_name, op in OPS.items() if alg == "ring" else [("sum", OPS["sum"]), ("max", OPS["max"])]:
+    # Every op on the ring, SUM on the others (check_every_op runs every op on every algorithm).
+    for alg in C.ALL_REDUCE_ALGORITHMS:
+        for op_name, op in OPS.items() if alg == "ring" else [("sum", OPS["sum"])]:
             for dtype in DTYPES:
                 for i, kind in enumerate(KINDS):
                     ours, base = make(kind, dtype, op_name, 1000 * i + 10 * rank)
@@ -118,7 +119,8 @@ def check_all_reduce(rec, rank, size):
 
 def check_rooted(rec, rank, size):
     """broadcast, reduce, gather, scatter: every kind at the last root (not 0, the tree's
-    favourite), with every dtype and (reduce) op; float32 at the other roots."""
+    favourite) with every dtype, and reduce with SUM and MAX; float32 and SUM at the other
+    roots (check_every_op runs reduce with every op)."""
     for root in range(size):
         for dtype in DTYPES if root == size - 1 else DTYPES[:1]:
             for i, kind in enumerate(KINDS):
@@ -129,7 +131,7 @@ def check_rooted(rec, rank, size):
                 C.broadcast(ours, src=root)
                 rec.same("broadcast", f"broadcast/{root}/{dtype}/{kind}", ours, ref, True)
 
-                for op_name, op in OPS.items() if root == size - 1 else [("sum", ReduceOp.SUM)]:
+                for op_name, op in list(OPS.items())[::3] if root == size - 1 else [("sum", ReduceOp.SUM)]:
                     ours, _ = make(kind, dtype, op_name, seed)
                     before, ref = ours.clone(), ours.contiguous().clone()
                     dist.reduce(ref, dst=root, op=op)
@@ -169,7 +171,7 @@ def check_all_to_all(rec, rank, size):
             for j in range(size):
                 rec.same("all_gather", f"all_gather/{dtype}/{kind}/{j}", ours[j], theirs[j], True)
 
-            for op_name, op in OPS.items():
+            for op_name, op in list(OPS.items())[::3]:  # SUM and MAX; every op: check_every_op
                 inputs = [make(kind, dtype, op_name, seed + j)[0] for j in range(size)]
                 saved = [t.clone() for t in inputs]
                 ref, out = torch.zeros_like(mine).contiguous(), make(kind, dtype, "sum", 99991)[0]
@@ -400,7 +402,7 @@ def passed(res, prop, at_least=1):
 
 def test_all_reduce_matches_torch_every_algorithm(results):
     size, res = results
-    passed(res, "all_reduce", (len(OPS) + 2 * (len(C.ALL_REDUCE_ALGORITHMS) - 1)) * len(DTYPES) * len(KINDS))
+    passed(res, "all_reduce", (len(OPS) + len(C.ALL_REDUCE_ALGORITHMS) - 1) * len(DTYPES) * len(KINDS))
 
 
 def test_broadcast_matches_torch_from_every_root(results):
@@ -408,7 +410,7 @@ def test_broadcast_matches_torch_from_every_root(results):
 
 
 def test_reduce_matches_torch_and_leaves_other_ranks_alone(results):
-    passed(results[1], "reduce", (len(OPS) * len(DTYPES) + results[0] - 1) * len(KINDS))
+    passed(results[1], "reduce", (2 * len(DTYPES) + results[0] - 1) * len(KINDS))
 
 
 def test_gather_and_scatter_match_torch(results):
@@ -421,7 +423,7 @@ def test_gather_and_scatter_match_torch(results):
 def test_all_gather_and_reduce_scatter_match_torch_inputs_unchanged(results):
     size, res = results
     passed(res, "all_gather", size * len(DTYPES) * len(KINDS))
-    passed(res, "reduce_scatter", len(OPS) * (size + 1) * len(DTYPES) * len(KINDS))
+    passed(res, "reduce_scatter", 2 * (size + 1) * len(DTYPES) * len(KINDS))
 
 
 def test_every_rank_ends_with_identical_bytes(results):
