@@ -2,10 +2,11 @@
 
 One concept per module:
     launch          run a function on N ranks (spawned here, or under torchrun)
-    wire            one collective call's sends and receives (segments, trace, VERBOSE)
+    wire            one collective call's sends and receives (receive first, trace, VERBOSE)
     collectives     broadcast, reduce, all_reduce, ... built only from send/recv
-    allreduce       the four all-reduce algorithms: naive, tree, ring, halving-doubling
-    p2p             ping-pong latency and bandwidth, a ring of sends
+    allreduce       the all-reduce algorithms: naive, tree, ring, halving-doubling
+    ring_pipelined  the ring tuned for big tensors (speed work beside the textbook ring)
+    p2p             ping-pong latency and bandwidth
     data, models    the datasets and networks the lessons train
     partition       ShardSampler (= DistributedSampler), the tutorial's DataPartitioner
     sync, optim     average_gradients, broadcast_parameters; SGD written out

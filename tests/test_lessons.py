@@ -28,6 +28,9 @@ MIN_CHECKS["00"] = 2  # x.grad of sum(2x); manual update vs torch.optim.SGD
 MIN_CHECKS["01"] = 4  # all-reduce through env://, tcp://, file:// groups and through launch()
 MIN_CHECKS["05"] = 1  # ShardSampler vs DistributedSampler
 MIN_CHECKS["06"] = 6  # broadcast, (a) gradient, (b) weights, (c) ranks before/after training, (d)
+MIN_CHECKS["02"] = 3  # both rings against dist.all_reduce, the copied send arrived intact
+MIN_CHECKS["03"] = 12  # every collective (all_reduce with SUM, AVG, MAX), the barrier, random inputs
+MIN_CHECKS["04"] = 7  # 2(p-1) ring messages of <= ceil(n/p), every algorithm against torch
 # Other numbers a lesson promises, per lesson number: (regex with one number group, op, bound).
 BOUNDS = {}
 BOUNDS["00"] = [(r"test accuracy ([\d.]+)%", ">=", 20.0)]  # synthetic, --quick: 28% here
