@@ -13,6 +13,7 @@ coefficients (a, b, c) that depend only on the algorithm and the world size p:
     naive              2(p-1)               2(p-1)                      p-1
     tree               2 ceil(log2 p)       2 ceil(log2 p)              ceil(log2 p)
     ring               2(p-1)               2(p-1)/p                    (p-1)/p
+    ring_pipelined     2(p-1)               2(p-1)/p                    (p-1)/p
     halving_doubling   2 log2 p'  (+2)      2(p'-1)/p'  (+2)            (p'-1)/p'  (+1)
     parameter_server   2p                   2p                          p
 
@@ -22,6 +23,9 @@ coefficients (a, b, c) that depend only on the algorithm and the world size p:
     round moving the whole tensor.
   ring: reduce-scatter then all-gather around a ring, 2(p-1) steps each moving n/p bytes. The
     bytes term 2(p-1)/p n is the least any all-reduce can move, but there are 2(p-1) latencies.
+  ring_pipelined: the same ring, each chunk cut into segments so that adding one segment
+    overlaps sending the next. Same bytes and steps on paper; the model has no term for the
+    overlap (nor for the extra per-segment messages), so it predicts the ring's time.
   halving_doubling (Rabenseifner): recursive-halving reduce-scatter then recursive-doubling
     all-gather among p' = the largest power of two <= p; ring's bandwidth with log2 p'
     latencies. When p is not a power of two, the r = p - p' extra ranks first hand their
@@ -39,7 +43,7 @@ import math
 
 import numpy as np
 
-ALGORITHMS = ("naive", "tree", "ring", "halving_doubling", "parameter_server")
+ALGORITHMS = ("naive", "tree", "ring", "ring_pipelined", "halving_doubling", "parameter_server")
 
 
 def _check_world_size(world_size):
@@ -60,7 +64,7 @@ def coefficients(algorithm, world_size):
     if algorithm == "tree":
         rounds = math.ceil(math.log2(p))
         return 2.0 * rounds, 2.0 * rounds, float(rounds)
-    if algorithm == "ring":
+    if algorithm in ("ring", "ring_pipelined"):
         return 2.0 * (p - 1), 2.0 * (p - 1) / p, (p - 1) / p
     if algorithm == "halving_doubling":
         q = 1 << (p.bit_length() - 1)  # largest power of two <= p

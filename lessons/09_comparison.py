@@ -175,8 +175,7 @@ def report(results, save):
             f"{r['step_ms']:8.2f} {r['comm_share']:6.0%} {r['peak_mib']:9.0f}" for r in rows) + "\n")
     for r in rows[1:]:
         log(check(f"{r['strategy']}: gradients at step 1 vs single process", r["max_grad_diff"], 1e-5))
-        log(check(f"{r['strategy']}: weights after {EARLY} steps vs single process",
-                  r["max_weight_diff_early"], 1e-5))
+        log(check(f"{r['strategy']}: weights after {EARLY} steps vs single", r["max_weight_diff_early"], 1e-5))
     log(f"after all {rows[0]['steps']} steps the weights differ by up to {max(r['max_weight_diff'] for r in rows):.1e}:"
         " the same rounding, amplified (a ReLU or max-pool tips the other way); see the accuracies.")
     if save:

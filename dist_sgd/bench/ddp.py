@@ -182,12 +182,6 @@ def draw():
     return [draw_speed(), draw_sweep(), draw_timeline()]
 
 
-def _color(strategy):
-    from dist_sgd.bench import plots
-
-    return plots.COLORS.get(strategy.split(", ")[0] if "DDP" in strategy else strategy, "tab:gray")
-
-
 def draw_speed():
     from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
 
@@ -200,7 +194,7 @@ def draw_speed():
         ax.barh(y, [r["median_ms"] for r in mine],
                 xerr=[[r["median_ms"] - r["min_ms"] for r in mine],
                       [r["max_ms"] - r["median_ms"] for r in mine]],
-                color=[_color(r["strategy"]) for r in mine], capsize=3)
+                color=[plots.color(r["strategy"]) for r in mine], capsize=3)
         ax.set_yticks(list(y), [r["strategy"] for r in mine])
         ax.invert_yaxis()
         ax.set_xlabel("step time, ms (median; bars: min-max)")

@@ -8,7 +8,7 @@ figure 6 (atscale) reuses this fit for "this machine's" network.
 import numpy as np
 
 from dist_sgd.bench import common
-from dist_sgd.costmodel import fit_alpha_beta
+from dist_sgd.costmodel import fit_alpha_beta, human_bytes
 from dist_sgd.launch import launch
 
 NAME = "p2p"
@@ -27,14 +27,11 @@ def _worker(rank, world_size, sizes_bytes, repeats):
 
 def measure(quick=False):
     repeats = 5 if quick else 20
-    rows = launch(_worker, 2, sizes(quick), repeats, backend="gloo")[0]  # CPU, as every figure
-    write(rows, repeats)
-
-
-def write(results, repeats):
+    results = launch(_worker, 2, sizes(quick), repeats, backend="gloo")[0]  # CPU, as every figure
     rows = [{"bytes": int(r["bytes"]), "seconds": r["seconds"], "min": r["min"], "max": r["max"],
              "bandwidth_bytes_per_s": r["bandwidth"], "repeats": repeats} for r in results]
-    return common.write_csv(NAME, rows)
+    common.write_csv(NAME, rows)
+    return rows
 
 
 def fit(rows):
@@ -52,25 +49,22 @@ def load_fit():
 
 
 def report(rows):
-    from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
-
     alpha, beta = fit(rows)
     print(f"ping-pong between 2 ranks: fit t = alpha + n * beta: alpha = {alpha * 1e6:.1f} us, "
           f"1/beta = {1 / beta / 1e9:.2f} GB/s")
     print(f"  {'size':>9s} {'one-way':>11s} {'bandwidth':>11s} {'model':>11s} {'error':>7s}")
     for r in rows:
         model = alpha + beta * r["bytes"]
-        print(f"  {plots.human_bytes(r['bytes']):>9s} {r['seconds'] * 1e6:9.1f}us "
+        print(f"  {human_bytes(r['bytes']):>9s} {r['seconds'] * 1e6:9.1f}us "
               f"{r['bytes'] / r['seconds'] / 1e9:7.3f}GB/s {model * 1e6:9.1f}us "
               f"{(model - r['seconds']) / r['seconds']:+7.1%}")
-    return alpha, beta
 
 
 def draw():
     from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
 
     rows, facts = common.read_csv(NAME)
-    alpha, beta = report(rows)
+    alpha, beta = fit(rows)
     n = np.array([r["bytes"] for r in rows], dtype=float)
     t = np.array([r["seconds"] for r in rows])
     lo, hi = np.array([r["min"] for r in rows]), np.array([r["max"] for r in rows])
