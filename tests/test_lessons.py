@@ -23,9 +23,15 @@ CHECK_LINE = re.compile(r"max difference ([-+0-9.e]+|nan|inf) \(tolerance ([-+0-
 OPS = {"<=": operator.le, ">=": operator.ge, "==": operator.eq, "<": operator.lt, ">": operator.gt}
 
 # How many check lines each lesson prints at least (at --quick, world size 2).
-MIN_CHECKS = {}
+MIN_CHECKS = {
+    "09": 8,  # 4 ways x (gradients at step 1, weights after 10 steps) vs the single process
+    "10": 4,  # every all-reduce algorithm of ours vs torch.distributed.all_reduce
+}
 # Other numbers a lesson promises, per lesson number: (regex with one number group, op, bound).
-BOUNDS = {}
+BOUNDS = {
+    "09": [(r"after all (\d+) steps", ">=", 10)],
+    "10": [(r"(\d+)% of a step computes", ">", 0)],
+}
 # Lessons also run at an odd world size: chunks and shards that do not split evenly.
 ODD_WORLD_SIZE = ("03", "04", "06", "07")
 
