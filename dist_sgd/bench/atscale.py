@@ -69,7 +69,13 @@ def predictions(setting, network, compute_s, nbytes, alpha, beta, gamma, algorit
 
 
 def measure(quick=False):
-    compute_s, nbytes = measure_compute(3 if quick else 9)
+    rows = all_predictions(*measure_compute(3 if quick else 9))
+    common.write_csv(NAME, rows)
+    return rows
+
+
+def all_predictions(compute_s, nbytes):
+    """Every row of the CSV from BigNet's compute time and gradient bytes (and figure 2's fit)."""
     rows = []
     for network, (gbit, lat) in NETWORKS.items():
         rows += predictions("BigNet (measured)", network, compute_s, nbytes,
@@ -84,7 +90,6 @@ def measure(quick=False):
         rows.append({**rows[-1], "algorithm": "published", "overlap": "", "workers": gpus,
                      "step_s": "", "efficiency": "", "published_efficiency": eff,
                      "source": source})
-    common.write_csv(NAME, rows)
     return rows
 
 
@@ -148,7 +153,7 @@ def draw():
         for overlap, ls in ((0, "-"), (1, (5 * i, (5, 5)))):
             pts = [r for r in rows if r["setting"] == ref["setting"] and r["algorithm"] == "ring"
                    and r["overlap"] == overlap]
-            ax_pub.plot([r["workers"] for r in pts], [r["efficiency"] for r in pts], ls,
+            ax_pub.plot([r["workers"] for r in pts], [r["efficiency"] for r in pts], ls=ls,
                         color=color, label=f"{ref['setting']}: ring, "
                                            + ("perfect overlap" if overlap else "no overlap"))
         ax_pub.plot(ref["workers"], ref["published_efficiency"], "*", ms=15, color=color,
