@@ -37,7 +37,8 @@ Run:
     python lessons/09_comparison.py --quick             # 10 steps on a small slice
     python lessons/09_comparison.py --save-figures      # also write figures/comparison*.csv
     torchrun --standalone --nproc-per-node 2 lessons/09_comparison.py --quick
-    python -m dist_sgd.bench --redraw comparison        # draw the figures from those CSVs
+The benchmark draws figures/comparison_loss.png and comparison_time.png from those CSVs
+(README, "Figures": its --redraw comparison).
 
 Exercises:
   1. Turn dropout back on (Net().train() in Way.__init__): which columns change, and why do
@@ -181,8 +182,8 @@ def report(results, save):
     if save:
         curves = write_csv("comparison_loss", [{"strategy": r["strategy"], "step": i, "loss": v}
                                                for r in results for i, v in enumerate(r["losses"])])
-        log(f"wrote {write_csv('comparison', rows)} and {curves}; draw them with\n"
-            "python -m dist_sgd.bench --redraw comparison")
+        log(f"wrote {write_csv('comparison', rows)} and {curves}; the benchmark draws them\n"
+            "(README, Figures: --redraw comparison)")
 
 
 def main():

@@ -2,7 +2,7 @@
 
 Everything so far made p processes compute exactly what one process computes. Does it make
 training faster? This lesson measures a little of that on your machine, then walks through
-the numbers behind the figures that `python -m dist_sgd.bench` draws into figures/:
+the numbers behind the figures the benchmark draws into figures/ (README, "Figures"):
 
     fig 1 allreduce.png   all-reduce bus bandwidth: our algorithms vs gloo
     fig 2 p2p.png         send/recv latency (alpha) and bandwidth (1/beta) by message size
@@ -33,7 +33,7 @@ What it shows, in five points:
      ImageNet), so you cannot hide communication behind ever bigger batches.
 
 The committed figures were measured on a quiet 2-core machine; the numbers measured here are
-from yours, so they differ (`python -m dist_sgd.bench` re-measures everything, ~4 minutes).
+from yours, so they differ (the benchmark re-measures everything on yours in ~4 minutes).
 
 Run:
     python lessons/10_scaling.py --world-size 2
@@ -148,7 +148,7 @@ def walk_through(r):
     try:
         rows, facts = read_csv("scaling")
     except FileNotFoundError:
-        rows, facts = [], "figures/scaling.csv is not there: python -m dist_sgd.bench scaling"
+        rows, facts = [], "figures/scaling.csv is not there (README, Figures: the benchmark)"
     log(f"  figures/scaling.csv (weak scaling: efficiency vs one plain process), measured on {facts}:")
     for model in dict.fromkeys(r["model"] for r in rows):
         sizes = sorted({r["world_size"] for r in rows if r["model"] == model})
