@@ -158,6 +158,12 @@ def fit_all_reduce(algorithms, nbytes, world_sizes, seconds, gamma=0.0):
     return float(alpha), float(beta)
 
 
+def bandwidth(beta):
+    """Bytes per second of a link costing `beta` seconds per byte (inf when beta is 0: a fit
+    that could not resolve the bandwidth from noisy times keeps beta >= 0, so it can be 0)."""
+    return 1.0 / beta if beta > 0 else float("inf")
+
+
 def link(gbit_per_s, latency_us):
     """(alpha, beta) of a network: its bandwidth in Gbit/s and per-message latency in us."""
     if gbit_per_s <= 0 or latency_us < 0:

@@ -189,6 +189,10 @@ def test_predictions_take_arrays():
     assert t.shape == (len(SIZES),) and np.all(np.diff(t) > 0)
 
 
+def test_bandwidth_of_an_unresolved_beta_is_infinite():
+    assert costmodel.bandwidth(0.0) == float("inf") and costmodel.bandwidth(1e-9) == pytest.approx(1e9)
+
+
 def test_link_converts_gbit_and_microseconds():
     assert costmodel.link(10, 25) == pytest.approx((25e-6, 0.8e-9))
 

@@ -160,7 +160,7 @@ def report(rows):
               f" fitted per algorithm:")
         print(f"  {'':>8s} " + " ".join(f"{a:>17s}" for a in fitted))
         print(f"  {'alpha':>8s} " + " ".join(f"{fit[a][0] * 1e6:15.0f}us" for a in fitted))
-        print(f"  {'1/beta':>8s} " + " ".join(f"{1 / fit[a][1] / 1e9:13.2f}GB/s" for a in fitted))
+        print(f"  {'1/beta':>8s} " + " ".join(f"{costmodel.bandwidth(fit[a][1]) / 1e9:13.2f}GB/s" for a in fitted))
         print("  model error (predicted - measured) / measured, per-algorithm fit:")
         for n in sizes:
             print(f"  {human_bytes(n):>8s} " + " ".join(
@@ -172,7 +172,7 @@ def report(rows):
             goal = " (goal at p = 2: within 25%)" if p == 2 else ""
             print(f"  worst error for >= 1 MiB: {worst:.0%} per-algorithm fit{goal}; "
                   f"{joint:.0%} with one joint fit (alpha = {fit['joint'][0] * 1e6:.0f} us, "
-                  f"1/beta = {1 / fit['joint'][1] / 1e9:.2f} GB/s) for all {len(fitted)}")
+                  f"1/beta = {costmodel.bandwidth(fit['joint'][1]) / 1e9:.2f} GB/s) for all {len(fitted)}")
 
 
 def draw():

@@ -1,7 +1,7 @@
 """Figure 4: where a training step's time goes, for each way of syncing gradients.
 
 Every rank keeps 32 samples (weak scaling). In one alternating run (time_alternating) we time
-each strategy's full step (scaling.make_steps) and, as one more candidate, the same step with
+each strategy's full step (bench/steps.py) and, as one more candidate, the same step with
 no communication at all: forward, loss, backward, SGD update. Every rank records its own
 times, so for each sample we know each rank's compute time. Then, per strategy:
 
