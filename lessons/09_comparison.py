@@ -169,7 +169,7 @@ def report(results, save):
              "final_loss": r["losses"][-1], "accuracy": r["accuracy"], "step_ms": r["step_ms"],
              "comm_share": r["comm_share"], "peak_mib": r["peak_mib"], "memory": "cumulative"}
             for r in results]
-    log(f"\n{'way':19s} procs  max difference: grads step 1, weights step {EARLY}, end, vs torch "
+    log(f"\n{'way':19s} procs  largest difference: grads step 1, weights step {EARLY}, end, vs torch "
         "DDP   test acc.  ms/step  comm.  peak MiB\n" + "\n".join(
             f"{r['strategy']:19s} {r['processes']:5d}  {r['max_grad_diff']:8.1e} {r['max_weight_diff_early']:8.1e} "
             f"{r['max_weight_diff']:8.1e} {r['vs_torch_ddp']:8.1e}     {r['accuracy']:7.2%} "
