@@ -123,6 +123,15 @@ def test_allreduce_fit_recovers_the_model_exactly(redrawn):
     assert out.count("worst error for >= 1 MiB: 0% per-algorithm fit") == 2  # p = 2 and 3
 
 
+def test_allreduce_fit_survives_a_gamma_bigger_than_the_times():
+    from dist_sgd.bench import allreduce
+    rows = [{"world_size": 2, "algorithm": a, "bytes": n, "seconds": t_model("ring", n, 2),
+             "gamma": 1.0} for a in ("ring", "gloo") for n in SIZES]  # 1 s per byte: absurd
+    fit = allreduce.fits(rows)[2]
+    assert fit["gamma"] == 0.0 and fit["gamma_measured"] == 1.0
+    assert fit["ring"][0] > 0 and fit["ring"][1] > 0
+
+
 def test_p2p_report_recovers_alpha(redrawn):
     assert "alpha = 100.0 us" in redrawn[1]
 
