@@ -10,8 +10,9 @@ Everything built so far, on the same data, seeds and global batch (96 items):
 
 The comparison loop is below: the three distributed ways train in one process group, taking
 turns step by step (the order rotates, so a burst of load on a shared machine hits them all
-alike); rank r takes the r-th slice of each global batch. Then rank 0 trains the one-process
-ways the same way while the other ranks wait. The network is Net with dropout off (eval
+alike); rank r takes the r-th slice of each global batch. Then the launching process (rank 0
+under torchrun) trains the one-process ways the same way, on one thread. The network is Net
+with dropout off (eval
 mode): with dropout on, every way would draw different masks and we would compare random
 numbers, not arithmetic.
 
