@@ -1,7 +1,7 @@
 """Regenerate every figure: measure, write figures/<name>.csv, draw figures/<name>.png from it.
 
     python -m dist_sgd.bench                  # everything, full size (< 10 min on 2 cores)
-    python -m dist_sgd.bench --quick          # small sizes (~2 min), into a temporary folder
+    python -m dist_sgd.bench --quick          # small sizes (a few minutes), into a temp folder
     python -m dist_sgd.bench allreduce p2p    # only these measurements
     python -m dist_sgd.bench --redraw         # redraw every PNG from its CSV, no measuring
     DIST_SGD_FIGURES=/tmp/figs python -m dist_sgd.bench --quick   # choose the folder
