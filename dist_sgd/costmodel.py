@@ -13,6 +13,7 @@ coefficients (a, b, c) that depend only on the algorithm and the world size p:
     naive              2(p-1)               2(p-1)                      p-1
     tree               2 ceil(log2 p)       2 ceil(log2 p)              ceil(log2 p)
     ring               2(p-1)               2(p-1)/p                    (p-1)/p
+    ring_pipelined     2(p-1)               2(p-1)/p                    (p-1)/p
     halving_doubling   2 log2 p'  (+2)      2(p'-1)/p'  (+2)            (p'-1)/p'  (+1)
     parameter_server   2p                   2p                          p
 
@@ -22,6 +23,9 @@ coefficients (a, b, c) that depend only on the algorithm and the world size p:
     round moving the whole tensor.
   ring: reduce-scatter then all-gather around a ring, 2(p-1) steps each moving n/p bytes. The
     bytes term 2(p-1)/p n is the least any all-reduce can move, but there are 2(p-1) latencies.
+  ring_pipelined: the same ring, each chunk cut into segments so that adding one segment
+    overlaps sending the next. Same bytes and steps on paper; the model has no term for the
+    overlap (nor for the extra per-segment messages), so it predicts the ring's time.
   halving_doubling (Rabenseifner): recursive-halving reduce-scatter then recursive-doubling
     all-gather among p' = the largest power of two <= p; ring's bandwidth with log2 p'
     latencies. When p is not a power of two, the r = p - p' extra ranks first hand their
@@ -39,8 +43,7 @@ import math
 
 import numpy as np
 
-ALGORITHMS = ("naive", "tree", "ring", "halving_doubling", "parameter_server",
-              "ring_pipelined")  # the ring with segments in flight: the ring's messages and bytes
+ALGORITHMS = ("naive", "tree", "ring", "ring_pipelined", "halving_doubling", "parameter_server")
 
 
 def _check_world_size(world_size):
@@ -153,6 +156,12 @@ def fit_all_reduce(algorithms, nbytes, world_sizes, seconds, gamma=0.0):
         raise ValueError("gamma alone explains more than the measured time: is gamma too big?")
     alpha, beta = _weighted_fit([coef[:, 0], n * coef[:, 1]], target)
     return float(alpha), float(beta)
+
+
+def bandwidth(beta):
+    """Bytes per second of a link costing `beta` seconds per byte (inf when beta is 0: a fit
+    that could not resolve the bandwidth from noisy times keeps beta >= 0, so it can be 0)."""
+    return 1.0 / beta if beta > 0 else float("inf")
 
 
 def link(gbit_per_s, latency_us):

@@ -1,88 +1,205 @@
-"""Lesson 09: the comparison - one network, one epoch, six ways to train it.
+"""Lesson 09: the comparison - one network, one epoch, every way to train it, side by side.
 
-Everything built so far, side by side, on the same data, seeds and global batch (96):
-  single process      the baseline every other way must reproduce
-  average_gradients   lesson 06: all-reduce every gradient after backward
-  our DDP             lesson 07: buckets, all-reduced during backward
-  torch DDP           torch.nn.parallel.DistributedDataParallel
-  our DataParallel    lesson 08: one process, replicas in threads
-  nn.DataParallel     only with 2+ GPUs (with none, torch's just calls the module)
+Everything built so far, on the same data, seeds and global batch (96 items):
+  single process       the baseline every other way must reproduce
+  average_gradients    lesson 06: all-reduce every gradient after backward
+  our DDP              lesson 07: buckets, all-reduced during backward
+  torch DDP            torch.nn.parallel.DistributedDataParallel
+  our DataParallel     lesson 08: one process, replicas in threads
+  torch DataParallel   torch.nn.DataParallel, only with 2+ GPUs (with none it just calls the module)
 
-For each: the largest gradient difference at the first step, and weight difference after 10
-steps and after the epoch, against the single process (and against torch DDP); the loss of
-every global batch (one plot: the curves lie on top of each other); test accuracy after the
-epoch; time per step; the share of a step spent communicating; and peak memory per process.
-The code is dist_sgd/bench/comparison.py; the figures and their CSVs go to figures/
-(comparison_loss.png, comparison_time.png), and the table is printed in markdown, ready for
-the README.
+The comparison loop is below: the three distributed ways train in one process group, taking
+turns step by step (the order rotates, so a burst of load on a shared machine hits them all
+alike); rank r takes the r-th slice of each global batch. Then the launching process (rank 0
+under torchrun) trains the one-process ways the same way, on one thread. The network is Net
+with dropout off (eval
+mode): with dropout on, every way would draw different masks and we would compare random
+numbers, not arithmetic.
+
+For each way: the largest gradient difference at the first step and weight difference after
+10 steps (checked: float32 rounding only), and at the end of the epoch, against the single
+process and against torch DDP; test accuracy; time per step (median, slowest rank); the share
+of a step spent communicating (1 - the same step without gradient sync, timed between real
+steps, / the step; for DataParallel: its scatter, replicate and gather / the step); the loss
+of every global batch; and peak memory per process (over all the ways that process trained).
 
 What to expect: the differences start as float32 rounding (about 1e-8: the same numbers added
 in another order). Over an epoch they grow, because a tiny difference can tip a ReLU or a
-max-pool the other way and SGD carries it on; so the lesson checks the first step and the
-first 10 steps tightly and shows the end-of-epoch difference and the test accuracies for what
-they are. On a 2-core laptop two ranks split each batch but also share the two cores with
-the communication, which here is copying through the loopback network: with this small model
-both DDPs still beat one process (about 1.3x, they hide part of the communication behind
-backward), average_gradients does not, and 4 ranks on 2 cores would not. The communicating share tells how much of a
-step is not computing; DDP's is smaller than average_gradients' because part of its all-reduce
-runs while backward still computes. Peak memory per process is mostly torch itself and the
+max-pool the other way and SGD carries it on; compare the test accuracies, which agree. On a
+2-core laptop two ranks split each batch but share the two cores with the communication
+(copying through the loopback network): with this small model both DDPs can still beat one
+process (they hide part of the communication behind backward), average_gradients does not,
+and 4 ranks on 2 cores would not. Peak memory per process is mostly torch itself and the
 dataset (each process loads its own copy: DDP's real memory cost on one machine); Net's
 weights and gradients are 0.2 MB.
 
 Run:
-    python lessons/09_comparison.py --world-size 2        # a full epoch: a few minutes
-    python lessons/09_comparison.py --quick               # 10 steps; figures to a temp folder
-    torchrun --standalone --nproc-per-node 2 lessons/09_comparison.py
+    python lessons/09_comparison.py --world-size 2      # a full epoch: about a minute
+    python lessons/09_comparison.py --quick             # 10 steps on a small slice
+    python lessons/09_comparison.py --save-figures      # also write figures/comparison*.csv
+    torchrun --standalone --nproc-per-node 2 lessons/09_comparison.py --quick
+The benchmark draws figures/comparison_loss.png and comparison_time.png from those CSVs
+(README, "Figures": its --redraw comparison).
 
 Exercises:
-  1. Turn dropout back on (model.train() in comparison.run): which columns change, and why do
-     the strategies no longer agree with each other?
+  1. Turn dropout back on (Net().train() in Way.__init__): which columns change, and why do
+     the ways no longer agree with each other?
   2. Run with --world-size 4 (oversubscribed on 2 cores): what happens to time per step and the
      communicating share? Predict it first with the cost model of lesson 10.
-  3. Replace Net by BigNet (1.2 M parameters) in comparison.run: which strategy wins now?
+  3. Replace Net by BigNet (1.2 M parameters): which way wins now?
   4. Why does DataParallel's peak memory grow with the number of replicas on a GPU, but barely
      on the CPU (hint: what does replicate() copy on the CPU)?
 """
-import os
-import sys
-import tempfile
+import resource
+import statistics
+import time
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-from dist_sgd.bench import common, comparison  # noqa: E402
-from dist_sgd.launch import lesson_parser, log  # noqa: E402
+from dist_sgd.check import check, max_diff
+from dist_sgd.data import get_dataset
+from dist_sgd.data_parallel import DataParallel
+from dist_sgd.ddp import DistributedDataParallel
+from dist_sgd.figures import write_csv
+from dist_sgd.launch import device, launch, lesson_parser, log
+from dist_sgd.models import Net
+from dist_sgd.optim import SGD
+from dist_sgd.sync import average_gradients
+from dist_sgd.train import evaluate, per_rank_batch
 
-TOLERANCE = {"max_grad_diff": 1e-5, "max_weight_diff_early": 1e-5}  # float32 rounding
+DISTRIBUTED = ("average_gradients", "our DDP", "torch DDP")
+GLOBAL_BATCH, EARLY = 96, 10  # 96 divides over 1, 2, 3 and 4 ranks; weights checked at step 10
+
+
+def wrap(name, model, replicas):
+    return {"our DDP": lambda: DistributedDataParallel(model),
+            "torch DDP": lambda: TorchDDP(model, device_ids=[device().index] if device().index is not None else None),
+            "our DataParallel": lambda: DataParallel(
+                model, device_ids=list(range(n)) if (n := torch.cuda.device_count()) > 1 else ["cpu"] * replicas),
+            "torch DataParallel": lambda: torch.nn.DataParallel(model),
+            }.get(name, lambda: model)()  # single process; average_gradients: called by hand
+
+
+class Way:
+    # One way to train: its model and optimizer, and what we measure while it trains.
+
+    def __init__(self, name, replicas):
+        self.name, self.distributed = name, name in DISTRIBUTED
+        self.rank, self.ranks = (dist.get_rank(), dist.get_world_size()) if self.distributed else (0, 1)
+        self.home = device() if self.distributed else "cuda" if torch.cuda.device_count() > 1 else "cpu"
+        torch.manual_seed(0)  # the same start for every way
+        self.model = Net().to(self.home).eval()  # eval: dropout off (see the docstring)
+        self.wrapped = wrap(name, self.model, replicas)
+        self.opt = SGD(self.model.parameters(), lr=0.01, momentum=0.5)
+        self.losses, self.times, self.compute, self.dp_times = [], [], [], []
+
+    def step(self, i, x, y):
+        x, y = (t.chunk(self.ranks)[self.rank].to(self.home) for t in (x, y))  # my slice
+        if self.distributed:
+            dist.barrier()  # a distributed step lasts from its first rank's start to its last
+        start = time.perf_counter()
+        self.opt.zero_grad()
+        loss = F.nll_loss(self.wrapped(x), y)
+        loss.backward()
+        if self.name == "average_gradients":
+            average_gradients(self.model)
+        self.times.append(time.perf_counter() - start)
+        if i == 0:
+            self.first_grads = [p.grad.detach().cpu().clone() for p in self.model.parameters()]
+        self.opt.step()
+        if i + 1 == EARLY:
+            self.early = [p.detach().cpu().clone() for p in self.model.parameters()]
+        self.losses.append(loss.item())
+        phases = getattr(self.wrapped, "last_times", {})  # DataParallel's own timing
+        self.dp_times.append(sum(phases.get(k, 0.0) for k in ("scatter", "replicate", "gather")))
+        if self.distributed and i % 10 == 9:
+            self.compute.append(self.compute_only(x, y))
+
+    def compute_only(self, x, y):
+        # The same step without gradient sync (its gradients are thrown away), slowest rank.
+        dist.barrier()
+        start = time.perf_counter()
+        # average_gradients syncs nothing in backward (enable_grad: a context that changes nothing)
+        with self.wrapped.no_sync() if hasattr(self.wrapped, "no_sync") else torch.enable_grad():
+            F.nll_loss(self.wrapped(x), y).backward()  # the next step's zero_grad drops these
+        t = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    def result(self, test):
+        losses = torch.tensor(self.losses, dtype=torch.float64, device=device())
+        times = torch.tensor(self.times[1:], dtype=torch.float64, device=device())  # 1: warm-up
+        if self.distributed:  # the global batch's loss; a step lasts until its slowest rank
+            dist.all_reduce(losses)
+            dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        step = statistics.median(times.tolist() or [float("nan")])
+        share = 1 - statistics.median(self.compute) / step if self.compute else \
+            statistics.median(self.dp_times) / step
+        return {"strategy": self.name, "processes": self.ranks, "first_grads": self.first_grads,
+                "early": self.early, "weights": [p.detach().cpu() for p in self.model.parameters()],
+                "losses": (losses / self.ranks).tolist(), "step_ms": 1e3 * step,
+                "accuracy": evaluate(self.model, test)["accuracy"], "comm_share": max(0.0, share),
+                "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
+
+
+def train_side_by_side(rank, replicas, names, quick):
+    # The same global batches for every way, taking turns: this is the function of every rank
+    # (the distributed ways), and called plainly for the one-process ways.
+    train = get_dataset("auto", quiet=dist.is_initialized())  # says which dataset and why, once
+    test = get_dataset("auto", train=False, quiet=True)
+    test = torch.utils.data.TensorDataset(*(t[:500 if quick else None] for t in test.tensors))
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:960 if quick else None]
+    ways = [Way(name, replicas) for name in names]
+    for i, idx in enumerate(order[:len(order) // GLOBAL_BATCH * GLOBAL_BATCH].split(GLOBAL_BATCH)):
+        k = i % len(ways)
+        for way in ways[k:] + ways[:k]:  # take turns, the order rotating every step
+            way.step(i, *train[idx])
+    return [way.result(test) for way in ways]
+
+
+def report(results, save):
+    single, torch_ddp = results[0], next(r for r in results if r["strategy"] == "torch DDP")
+    rows = [{"strategy": r["strategy"], "processes": r["processes"],
+             "max_grad_diff": max_diff(r["first_grads"], single["first_grads"]),
+             "max_weight_diff_early": max_diff(r["early"], single["early"]),
+             "max_weight_diff": max_diff(r["weights"], single["weights"]),
+             "vs_torch_ddp": max_diff(r["weights"], torch_ddp["weights"]), "steps": len(r["losses"]),
+             "final_loss": r["losses"][-1], "accuracy": r["accuracy"], "step_ms": r["step_ms"],
+             "comm_share": r["comm_share"], "peak_mib": r["peak_mib"], "memory": "cumulative"}
+            for r in results]
+    log(f"\n{'way':19s} procs  largest difference: grads step 1, weights step {EARLY}, end, vs torch "
+        "DDP   test acc.  ms/step  comm.  peak MiB\n" + "\n".join(
+            f"{r['strategy']:19s} {r['processes']:5d}  {r['max_grad_diff']:8.1e} {r['max_weight_diff_early']:8.1e} "
+            f"{r['max_weight_diff']:8.1e} {r['vs_torch_ddp']:8.1e}     {r['accuracy']:7.2%} "
+            f"{r['step_ms']:8.2f} {r['comm_share']:6.0%} {r['peak_mib']:9.0f}" for r in rows) + "\n")
+    for r in rows[1:]:
+        log(check(f"{r['strategy']}: gradients at step 1 vs single process", r["max_grad_diff"], 1e-5))
+        log(check(f"{r['strategy']}: weights after {EARLY} steps vs single", r["max_weight_diff_early"], 1e-5))
+    log(f"after all {rows[0]['steps']} steps the weights differ by up to {max(r['max_weight_diff'] for r in rows):.1e}:"
+        " the same rounding, amplified (a ReLU or max-pool tips the other way); see the accuracies.")
+    if save:
+        curves = write_csv("comparison_loss", [{"strategy": r["strategy"], "step": i, "loss": v}
+                                               for r in results for i, v in enumerate(r["losses"])])
+        log(f"wrote {write_csv('comparison', rows)} and {curves}; the benchmark draws them\n"
+            "(README, Figures: --redraw comparison)")
 
 
 def main():
-    args = lesson_parser(__doc__).parse_args()
-    if args.quick and "DIST_SGD_FIGURES" not in os.environ:  # rough numbers: not for figures/
-        common.FIGURES_DIR = tempfile.mkdtemp(prefix="dist_sgd_quick_figures_")
-    rows = comparison.measure(args.quick, args.world_size)
-    if rows is None:
-        return  # a torchrun rank other than 0: rank 0 reports
-    log("\n" + comparison.table(rows) + "\n")
-    for r in rows:  # every way must compute what one process computes
-        for key, tol in TOLERANCE.items():
-            torch.testing.assert_close(torch.tensor(r[key]), torch.tensor(0.0), rtol=0, atol=tol,
-                                       msg=f"{r['strategy']}: {key} = {r[key]:.2e} > {tol}")
-    log(f"checked: every strategy within {TOLERANCE['max_grad_diff']:g} of the single process's "
-        f"gradients at step 1 and of its weights after {comparison.EARLY_STEPS} steps "
-        f"(largest: {max(r['max_grad_diff'] for r in rows):.2e}, "
-        f"{max(r['max_weight_diff_early'] for r in rows):.2e}).")
-    if rows[0]["steps"] > comparison.EARLY_STEPS:
-        log(f"After all {rows[0]['steps']} steps the largest weight difference is "
-            f"{max(r['max_weight_diff'] for r in rows):.2e}: the same rounding, carried on and "
-            "amplified (a ReLU or max-pool that tips the other way), not a bug - compare the "
-            "test accuracies.")
-    ddp = {r["strategy"]: r for r in rows}
-    if "our DDP" in ddp and "torch DDP" in ddp:
-        log(f"our DDP vs torch DDP, time per step: {ddp['our DDP']['step_ms']:.2f} ms vs "
-            f"{ddp['torch DDP']['step_ms']:.2f} ms "
-            f"(ratio {ddp['our DDP']['step_ms'] / ddp['torch DDP']['step_ms']:.2f})")
-    for path in comparison.draw():
-        log(f"wrote {path}")
+    parser = lesson_parser(__doc__)
+    parser.add_argument("--save-figures", action="store_true",
+                        help="write figures/comparison.csv and comparison_loss.csv")
+    args = parser.parse_args()
+    per_rank_batch(GLOBAL_BATCH, args.world_size)  # a clear error when 96 does not divide
+    log(f"training {', '.join(DISTRIBUTED)} on {args.world_size} ranks, then the one-process ways here")
+    results = launch(train_side_by_side, args.world_size, DISTRIBUTED, args.quick)
+    if results is not None:  # then the one-process ways, here, side by side on one thread each
+        torch.set_num_threads(1)
+        local = train_side_by_side(0, args.world_size, ["single process", "our DataParallel"] + [
+            "torch DataParallel"] * (torch.cuda.device_count() > 1), args.quick)
+        report(local[:1] + results[0] + local[1:], args.save_figures)  # in the order of lessons 06-09
 
 
 if __name__ == "__main__":

@@ -1,113 +1,202 @@
-"""The benchmark CLI: redraws every figure from tiny CSVs, reports ratios and fits, survives a
-failing measurement, and keeps --quick numbers out of figures/. No process group: fast."""
+"""The benchmark harness: --redraw draws every figure from tiny CSVs, the reports compute the
+ratios and fits from them, one failing measurement does not stop the others, a measurement
+that cannot run is skipped, and --quick leaves figures/ alone. No process group: fast."""
+import contextlib
+import io
 import os
+import sys
+import types
 
 import pytest
 
-from dist_sgd import costmodel
+from dist_sgd import costmodel, figures
 from dist_sgd.bench import __main__ as cli
 from dist_sgd.bench import atscale, common
 
 ALPHA, BETA, GAMMA = 100e-6, 1 / 1.5e9, 1 / 10e9
 SIZES = [2 ** k for k in (14, 17, 20, 23)]
+STRATEGIES = ("average_gradients", "our DDP", "torch DDP")
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A figures folder with tiny CSVs of every measurement (atscale's measured for real)."""
-    folder = tmp_path_factory.mktemp("figures")
-    saved, common.FIGURES_DIR = common.FIGURES_DIR, str(folder)
-    try:
-        write_tiny_csvs()
-        atscale.measure(quick=True)  # cheap: one process times a few BigNet steps; the rest is arithmetic
-    finally:
-        common.FIGURES_DIR = saved
-    return folder
-
-
-@pytest.fixture
-def figures(tiny, monkeypatch):
-    monkeypatch.setattr(common, "FIGURES_DIR", str(tiny))
-    monkeypatch.setenv("DIST_SGD_FIGURES", str(tiny))
-    return tiny
+def t_model(algorithm, n, p):
+    return costmodel.predict_all_reduce(algorithm, n, p, ALPHA, BETA, GAMMA)
 
 
 def write_tiny_csvs():
-    common.write_csv("p2p", [{"bytes": n, "seconds": ALPHA + BETA * n, "min": 0.9 * (ALPHA + BETA * n),
-                              "max": 1.2 * (ALPHA + BETA * n), "bandwidth_bytes_per_s": n / (ALPHA + BETA * n),
-                              "repeats": 3} for n in SIZES])
+    """A tiny CSV for every figure, numbers chosen so the reports' results are known."""
+    common.write_csv("p2p", [{"bytes": n, "seconds": ALPHA + BETA * n, "min": ALPHA, "max": 2 * ALPHA + BETA * n,
+                              "bandwidth_bytes_per_s": n / (ALPHA + BETA * n), "repeats": 3} for n in SIZES])
     rows = []
-    for p in (2, 3):
-        for a in ("naive", "tree", "ring", "halving_doubling", "gloo"):
-            for n in SIZES:
-                # our algorithms: exactly the model; gloo: exactly twice our ring's time
-                t = costmodel.predict_all_reduce("ring" if a == "gloo" else a, n, p, ALPHA, BETA, GAMMA)
-                t *= 2 if a == "gloo" else 1
-                rows.append({"world_size": p, "algorithm": a, "bytes": n, "seconds": t,
-                             "min": 0.9 * t, "max": 1.1 * t, "n": 3,
-                             "bus_bandwidth": float(costmodel.bus_bandwidth(n, p, t)),
+    for p, ours in ((2, ("naive", "tree", "ring", "ring_pipelined", "halving_doubling")),
+                    (3, ("naive", "tree", "ring", "halving_doubling"))):  # p=3: no ring_pipelined rows
+        for a in ours + ("gloo",):
+            for n in SIZES:  # ours: exactly the model; gloo: exactly twice the ring's time
+                t = 2 * t_model("ring", n, p) if a == "gloo" else t_model(a, n, p)
+                rows.append({"world_size": p, "algorithm": a, "bytes": n, "seconds": t, "min": 0.9 * t,
+                             "max": 1.1 * t, "n": 3, "bus_bandwidth": float(costmodel.bus_bandwidth(n, p, t)),
                              "gamma": GAMMA, "check_max_diff": 0.0})
     common.write_csv("allreduce", rows)
-    rows = []
-    for model in ("net", "bignet"):
-        for mode in ("strong", "weak"):
-            for p in (1, 2, 3):
-                for s in ("average_gradients", "our DDP", "torch DDP") + (("single process",) if p == 1 else ()):
-                    t = 0.01 * (1 + 0.2 * p)
-                    rows.append({"model": model, "mode": mode, "strategy": s, "world_size": p,
-                                 "rank_batch": 8, "global_batch": 8 * p, "seconds": t, "min": 0.9 * t,
-                                 "max": 1.1 * t, "n": 3, "samples_per_s": 8 * p / t,
-                                 "gradient_bytes": 4000, "cores": 2, "efficiency": 0.01 / t})
-    common.write_csv("scaling", rows)
+    common.write_csv("scaling", [
+        {"model": m, "mode": mode, "strategy": s, "world_size": p, "rank_batch": 8, "global_batch": 8 * p,
+         "seconds": 0.01 * (1 + 0.2 * p), "min": 0.009, "max": 0.02, "n": 3, "samples_per_s": 8 * p / (0.01 * (1 + 0.2 * p)),
+         "gradient_bytes": 4000, "cores": 2, "efficiency": 1 / (1 + 0.2 * p)}
+        for m in ("net", "bignet") for mode in ("strong", "weak") for p in (1, 2, 3)
+        for s in STRATEGIES + (("single process",) if p == 1 else ())])
     common.write_csv("breakdown", [
         {"model": m, "world_size": p, "strategy": s, "rank_batch": 8, "step": 0.03, "step_min": 0.02,
          "step_max": 0.04, "compute": 0.015, "waiting": 0.005, "communication": 0.01,
          "sync_call": 0.012, "compute_alone_slowest": 0.02}
-        for m in ("net", "bignet") for p in (2, 4) for s in ("average_gradients", "our DDP", "torch DDP")])
+        for m in ("net", "bignet") for p in (2, 4) for s in STRATEGIES])
+    speed = {"single process": 20, "average_gradients": 40, "average_gradients, flat": 33,
+             "per-parameter hooks": 35, "our DDP, 25 MiB": 33, "our DDP, 1 MiB": 31,
+             "torch DDP, 25 MiB": 30, "torch DDP, 1 MiB": 31, "torch DDP, its defaults": 31}
+    common.write_csv("ddp_speed", [{"world_size": 2, "strategy": k, "median_ms": v, "min_ms": v - 1,
+                                    "max_ms": v + 1, "n": 3} for k, v in speed.items()])
+    common.write_csv("bucket_sweep", [{"world_size": 2, "who": who, "bucket_cap_mb": cap, "our_buckets": b,
+                                       "median_ms": 30, "min_ms": 29, "max_ms": 31, "n": 3}
+                                      for cap, b in (("0", 8), ("one bucket", 1)) for who in ("our DDP", "torch DDP")])
+    common.write_csv("ddp_timeline", [
+        {"world_size": 2, "strategy": s, "what": what, "label": "x", "start_ms": 1.0, "end_ms": 2.0}
+        for s in ("average_gradients, flat", "per-parameter hooks", "our DDP")
+        for what in ("gradient ready", "all-reduce", "gradients synchronized")])
+    ways = ("single process",) + STRATEGIES + ("our DataParallel",)
+    common.write_csv("comparison", [
+        {"strategy": s, "processes": 2, "max_grad_diff": 1e-8, "max_weight_diff_early": 1e-8,
+         "max_weight_diff": 1e-3, "vs_torch_ddp": 0.0, "steps": 3, "final_loss": 1.0, "accuracy": 0.5,
+         "step_ms": 10.0, "comm_share": 0.25, "peak_mib": 500.0, "memory": "cumulative"} for s in ways])
+    common.write_csv("comparison_loss", [{"strategy": s, "step": i, "loss": 2.0 - i / 10}
+                                         for s in ways for i in range(3)])
+    common.write_csv("atscale", atscale.all_predictions(0.04, 4.8e6))  # reads the p2p fit above
 
 
-def test_redraw_draws_every_figure_and_prints_ratios_and_fit(figures, capsys):
-    names = ["p2p", "allreduce", "scaling", "breakdown", "atscale"]
-    assert cli.main(["--redraw", *names]) == 0
-    for name in names:
-        assert os.path.getsize(figures / f"{name}.png") > 10_000, name
-    out = capsys.readouterr().out
-    assert "(0.50x)" in out  # our ring took half of gloo's time
-    assert "our ring / gloo for >= 1 MiB: median 0.50x, worst 0.50x -> goal <= 1.00x met" in out
-    # exact model data: the fit finds the parameters and predicts every size exactly
-    assert "worst error for >= 1 MiB: 0% per-algorithm fit" in out
-    assert "alpha = 100 us" in out  # the p2p fit, in the atscale-free p2p report too
-    assert "published ~90%" in out and "published ~88%" in out
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("figures")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DIST_SGD_FIGURES", str(folder))
+        write_tiny_csvs()
+    return folder
 
 
-def test_atscale_predictions_follow_the_cost_model(figures):
+@pytest.fixture
+def figures_here(tiny, monkeypatch):
+    monkeypatch.setenv("DIST_SGD_FIGURES", str(tiny))
+    return tiny
+
+
+@pytest.fixture(scope="module")
+def redrawn(tiny):
+    """Run `--redraw` once over every measurement; its exit code and its output."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DIST_SGD_FIGURES", str(tiny))
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = cli.main(["--redraw"])
+    return code, out.getvalue()
+
+
+PNGS = ["p2p", "allreduce", "scaling", "breakdown", "ddp_speed", "bucket_sweep", "ddp_timeline",
+        "comparison_loss", "comparison_time", "atscale"]
+
+
+def test_redraw_succeeds_for_every_measurement(redrawn):
+    code, out = redrawn
+    assert code == 0, out[-3000:]
+    assert "FAILED" not in out
+
+
+@pytest.mark.parametrize("name", PNGS)
+def test_redraw_draws_each_figure_from_its_csv(redrawn, tiny, name):
+    assert os.path.getsize(tiny / f"{name}.png") > 10_000, name
+
+
+def test_allreduce_report_prints_every_algorithm_against_gloo(redrawn):
+    out = redrawn[1]
+    # gloo took twice the ring's time: ratio 0.50 for the ring, at every size
+    assert "ring / gloo for >= 1 MiB: median 0.50x, worst 0.50x -> goal <= 1.00x met" in out
+    # ring_pipelined rows exist at p=2 only: reported there, and p=3 still drawn without them
+    assert out.count("ring_pipelined / gloo for >= 1 MiB") == 1
+
+
+def test_allreduce_fit_recovers_the_model_exactly(redrawn):
+    out = redrawn[1]
+    assert out.count("worst error for >= 1 MiB: 0% per-algorithm fit") == 2  # p = 2 and 3
+
+
+def test_allreduce_fit_survives_a_gamma_bigger_than_the_times():
+    from dist_sgd.bench import allreduce
+    rows = [{"world_size": 2, "algorithm": a, "bytes": n, "seconds": t_model("ring", n, 2),
+             "gamma": 1.0} for a in ("ring", "gloo") for n in SIZES]  # 1 s per byte: absurd
+    fit = allreduce.fits(rows)[2]
+    assert fit["gamma"] == 0.0 and fit["gamma_measured"] == 1.0
+    assert fit["ring"][0] > 0 and fit["ring"][1] > 0
+
+
+def test_p2p_report_recovers_alpha(redrawn):
+    assert "alpha = 100.0 us" in redrawn[1]
+
+
+def test_scaling_report_prints_every_world_size(redrawn):
+    out = redrawn[1]
+    table = out[out.index("net, strong scaling"):out.index("net, weak scaling")]
+    assert [line.split()[0] for line in table.splitlines()[2:5]] == ["1", "2", "3"]
+
+
+def test_ddp_report_gives_ours_over_torch(redrawn):
+    assert "ours / torch DDP,  25 MiB buckets: 1.100" in redrawn[1]
+
+
+def test_atscale_predictions_follow_the_cost_model(figures_here):
     rows, facts = common.read_csv("atscale")
     assert "cores" in facts and "torch" in facts
     loop = [r for r in rows if r["network"].startswith("this machine")]
-    assert loop, "the p2p fit (figure 2) should give a loopback network"
+    assert loop and loop[0]["alpha"] == pytest.approx(ALPHA, rel=1e-6)  # figure 2's fit
     for r in rows:
-        if r["algorithm"] == "published":
-            continue
-        step, eff = costmodel.predict_step(r["compute_s"], r["nbytes"], r["workers"], r["algorithm"],
-                                           r["alpha"], r["beta"], r["gamma"], overlap=bool(r["overlap"]))
-        assert r["step_s"] == pytest.approx(step) and r["efficiency"] == pytest.approx(eff)
-        if r["workers"] == 1:
-            assert r["efficiency"] == pytest.approx(1.0)
-    assert loop[0]["alpha"] == pytest.approx(ALPHA, rel=1e-6)
+        if r["algorithm"] != "published":
+            step, eff = costmodel.predict_step(r["compute_s"], r["nbytes"], r["workers"], r["algorithm"],
+                                               r["alpha"], r["beta"], r["gamma"], overlap=bool(r["overlap"]))
+            assert r["step_s"] == pytest.approx(step) and r["efficiency"] == pytest.approx(eff)
 
 
-def test_a_failing_measurement_does_not_stop_the_others(figures, monkeypatch, capsys):
-    drawn = []
-
-    def run_one(name, quick, redraw):
-        if name == "breakdown":
-            raise FileNotFoundError("no breakdown.csv")
-        drawn.append(name)
-        return []
-    monkeypatch.setattr(cli, "run_one", run_one)
+def test_a_failing_measurement_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DIST_SGD_FIGURES", str(tmp_path))
+    common.write_csv("p2p", [  # p2p only: breakdown.csv is missing
+        {"bytes": n, "seconds": ALPHA + BETA * n, "min": ALPHA, "max": 2 * ALPHA + BETA * n,
+         "bandwidth_bytes_per_s": 1.0, "repeats": 3} for n in SIZES])
     assert cli.main(["--redraw", "breakdown", "p2p"]) == 1
     out = capsys.readouterr().out
-    assert "FAILED breakdown: FileNotFoundError: no breakdown.csv" in out and drawn == ["p2p"]
+    assert "FAILED breakdown: FileNotFoundError" in out
+    assert os.path.getsize(tmp_path / "p2p.png") > 10_000  # drawn after breakdown failed
+
+
+@pytest.fixture
+def fake_measurement(monkeypatch):
+    """A module `fake` registered as the new bench modules are: measure -> rows, report, draw."""
+    calls = []
+    module = types.ModuleType("dist_sgd.bench.fake")
+    module.measure = lambda quick=False: calls.append(("measure", quick)) or [{"x": 1}]
+    module.report = lambda rows: calls.append(("report", rows))
+    module.draw = lambda: calls.append(("draw",)) or []
+    monkeypatch.setitem(sys.modules, "dist_sgd.bench.fake", module)
+    monkeypatch.setitem(cli.MEASUREMENTS, "fake", "a test measurement")
+    return module, calls
+
+
+def test_a_module_is_measured_then_reported_then_drawn(fake_measurement, tmp_path, monkeypatch):
+    monkeypatch.setenv("DIST_SGD_FIGURES", str(tmp_path))
+    assert cli.main(["fake"]) == 0
+    assert fake_measurement[1] == [("measure", False), ("report", [{"x": 1}]), ("draw",)]
+
+
+def test_a_measurement_that_cannot_run_is_skipped_with_its_reason(fake_measurement, tmp_path,
+                                                                  monkeypatch, capsys):
+    monkeypatch.setenv("DIST_SGD_FIGURES", str(tmp_path))
+
+    def cannot(quick=False):
+        raise common.Skip("needs 2 GPUs")
+    monkeypatch.setattr(fake_measurement[0], "measure", cannot)
+    assert cli.main(["fake"]) == 0
+    assert "skipped fake: needs 2 GPUs" in capsys.readouterr().out
 
 
 def test_unknown_measurement_is_a_clear_error(capsys):
@@ -116,15 +205,11 @@ def test_unknown_measurement_is_a_clear_error(capsys):
     assert "unknown measurement" in capsys.readouterr().err
 
 
-def test_quick_leaves_figures_alone(tmp_path, monkeypatch, capsys):
-    committed = tmp_path / "figures"
-    committed.mkdir()
-    monkeypatch.setattr(common, "FIGURES_DIR", str(committed))
-    monkeypatch.delenv("DIST_SGD_FIGURES", raising=False)
-    used = []
-    monkeypatch.setattr(cli, "run_one", lambda name, quick, redraw: used.append(
-        (name, quick, redraw, common.FIGURES_DIR)) or [])
-    assert cli.main(["--quick", "scaling", "p2p"]) == 0
-    assert [u[:3] for u in used] == [("p2p", True, False), ("scaling", True, False)]  # CLI order
-    assert all(u[3] != str(committed) and "dist_sgd_quick_figures_" in u[3] for u in used)
-    assert list(committed.iterdir()) == []
+def test_quick_leaves_figures_alone(fake_measurement, monkeypatch, capsys):
+    monkeypatch.setenv("DIST_SGD_FIGURES", "")  # unset: the committed figures/ would be used
+    seen = []
+    fake_measurement[0].draw = lambda: seen.append(figures.folder()) or []
+    assert cli.main(["--quick", "fake"]) == 0
+    assert fake_measurement[1][0] == ("measure", True)
+    assert seen and "dist_sgd_quick_figures_" in seen[0]
+    assert os.path.normpath(seen[0]) != os.path.normpath(figures.DEFAULT_FOLDER)

@@ -23,18 +23,25 @@ CHECK_LINE = re.compile(r"max difference ([-+0-9.e]+|nan|inf) \(tolerance ([-+0-
 OPS = {"<=": operator.le, ">=": operator.ge, "==": operator.eq, "<": operator.lt, ">": operator.gt}
 
 # How many check lines each lesson prints at least (at --quick, world size 2).
-MIN_CHECKS = {}
-MIN_CHECKS["00"] = 2  # x.grad of sum(2x); manual update vs torch.optim.SGD
-MIN_CHECKS["01"] = 4  # all-reduce through env://, tcp://, file:// groups and through launch()
-MIN_CHECKS["05"] = 1  # ShardSampler vs DistributedSampler
-MIN_CHECKS["06"] = 6  # broadcast, (a) gradient, (b) weights, (c) ranks before/after training, (d)
-MIN_CHECKS["02"] = 3  # both rings against dist.all_reduce, the copied send arrived intact
-MIN_CHECKS["03"] = 12  # every collective (all_reduce with SUM, AVG, MAX), the barrier, random inputs
-MIN_CHECKS["04"] = 7  # 2(p-1) ring messages of <= ceil(n/p), every algorithm against torch
+MIN_CHECKS = {
+    "00": 2,  # x.grad of sum(2x); manual update vs torch.optim.SGD
+    "01": 4,  # all-reduce through env://, tcp://, file:// groups and through launch()
+    "02": 3,  # both rings against dist.all_reduce, the copied send arrived intact
+    "03": 12,  # every collective (all_reduce with SUM, AVG, MAX), the barrier, random inputs
+    "04": 7,  # 2(p-1) ring messages of <= ceil(n/p), every algorithm against torch
+    "05": 1,  # ShardSampler vs DistributedSampler
+    "06": 6,  # broadcast, (a) gradient, (b) weights, (c) ranks before/after training, (d)
+    "08": 3,  # four steps by hand and DataParallel vs one process; torch's DataParallel
+    "09": 8,  # 4 ways x (gradients at step 1, weights after 10 steps) vs the single process
+    "10": 4,  # every all-reduce algorithm of ours vs torch.distributed.all_reduce
+}
 # Other numbers a lesson promises, per lesson number: (regex with one number group, op, bound).
-BOUNDS = {}
-BOUNDS["00"] = [(r"test accuracy ([\d.]+)%", ">=", 20.0)]  # synthetic, --quick: 28% here
-BOUNDS["06"] = [(r"Accuracy: \d+/\d+ \(([\d.]+)%\)", ">=", 25.0)]  # synthetic, --quick: 48% here
+BOUNDS = {
+    "00": [(r"test accuracy ([\d.]+)%", ">=", 20.0)],  # synthetic, --quick: 28% here
+    "06": [(r"Accuracy: \d+/\d+ \(([\d.]+)%\)", ">=", 25.0)],  # synthetic, --quick: 48% here
+    "09": [(r"after all (\d+) steps", ">=", 10)],
+    "10": [(r"(\d+)% of a step computes", ">", 0)],
+}
 # Lessons also run at an odd world size: chunks and shards that do not split evenly.
 ODD_WORLD_SIZE = ("03", "04", "06", "07")
 

@@ -21,10 +21,10 @@ A ring over GPUs numbered node by node crosses each node's network card once per
 several GPUs per node sharing one card does not change the ring's per-link bytes.
 """
 import torch
-import torch.nn.functional as F
 
 from dist_sgd import costmodel, models
 from dist_sgd.bench import common, p2p
+from dist_sgd.bench.steps import batch, build, make_step
 from dist_sgd.timing import summarize, time_alternating
 
 NAME = "atscale"
@@ -42,18 +42,15 @@ PUBLISHED = [
 
 def measure_compute(repeats):
     """Median seconds of one BigNet step (32 samples, forward+backward+update) in this process."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as every rank runs
-    torch.manual_seed(0)
-    model = models.BigNet()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,))
-
-    def step():
-        opt.zero_grad()
-        F.nll_loss(model(x), y).backward()
-        opt.step()
-    return summarize(time_alternating({"step": step}, repeats, 1)["step"])["median"], \
-        4 * models.count_parameters(model)
+    try:
+        model = build("bignet")
+        step = make_step("single process", model, *batch(32))
+        seconds = summarize(time_alternating({"step": step}, repeats, 1)["step"])["median"]
+    finally:
+        torch.set_num_threads(threads)
+    return seconds, 4 * models.count_parameters(model)
 
 
 def predictions(setting, network, compute_s, nbytes, alpha, beta, gamma, algorithms):
@@ -72,7 +69,13 @@ def predictions(setting, network, compute_s, nbytes, alpha, beta, gamma, algorit
 
 
 def measure(quick=False):
-    compute_s, nbytes = measure_compute(3 if quick else 9)
+    rows = all_predictions(*measure_compute(3 if quick else 9))
+    common.write_csv(NAME, rows)
+    return rows
+
+
+def all_predictions(compute_s, nbytes):
+    """Every row of the CSV from BigNet's compute time and gradient bytes (and figure 2's fit)."""
     rows = []
     for network, (gbit, lat) in NETWORKS.items():
         rows += predictions("BigNet (measured)", network, compute_s, nbytes,
@@ -87,7 +90,7 @@ def measure(quick=False):
         rows.append({**rows[-1], "algorithm": "published", "overlap": "", "workers": gpus,
                      "step_s": "", "efficiency": "", "published_efficiency": eff,
                      "source": source})
-    common.write_csv(NAME, rows)
+    return rows
 
 
 def report(rows):
@@ -119,8 +122,7 @@ def draw():
     from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
 
     rows, facts = common.read_csv(NAME)
-    report(rows)
-    fig, axes = plots.figure(3, width=5.4, height=5.0)
+    fig, axes = plots.figure(3, width=5.6, height=5.2)
     ax_eff, ax_step, ax_pub = axes[0]
     styles = ["-", "--", ":"]
     big = [r for r in rows if r["setting"] == "BigNet (measured)" and r["overlap"] == 0]
@@ -128,26 +130,30 @@ def draw():
         for a in ALGORITHMS:
             pts = [r for r in big if r["network"] == net and r["algorithm"] == a]
             x = [r["workers"] for r in pts]
-            ax_eff.plot(x, [r["efficiency"] for r in pts], ls, color=plots.COLORS[a])
-            ax_step.plot(x, [r["step_s"] * 1e3 for r in pts], ls, color=plots.COLORS[a])
-        ax_step.plot([], [], ls, color="black", label=net)  # legend: line style = network
+            ax_eff.plot(x, [r["efficiency"] for r in pts], ls, color=plots.color(a))
+            ax_step.plot(x, [r["step_s"] * 1e3 for r in pts], ls, color=plots.color(a))
+        for ax in (ax_eff, ax_step):  # legend: line style = network
+            ax.plot([], [], ls, color="black", label=f"network: {net}")
     for a in ALGORITHMS:  # legend: colour = algorithm
-        ax_eff.plot([], [], "-", lw=3, color=plots.COLORS[a], label=a)
+        for ax in (ax_eff, ax_step):
+            ax.plot([], [], "-", lw=3, color=plots.color(a), label=f"all-reduce: {a}")
     if big:
         ax_step.axhline(big[0]["compute_s"] * 1e3, color="gray", lw=3, alpha=0.5,
                         label="compute alone (measured)")
         ax_eff.set_title(f"BigNet ({big[0]['nbytes'] / 1e6:.1f} MB grads, "
-                         f"{big[0]['compute_s'] * 1e3:.0f} ms compute): efficiency", fontsize=10)
-    ax_step.set_title("BigNet: predicted step time (no overlap)", fontsize=10)
+                         f"{big[0]['compute_s'] * 1e3:.0f} ms compute): predicted efficiency, "
+                         "no overlap", fontsize=9)
+    ax_step.set_title("BigNet: predicted step time (no overlap)", fontsize=9)
     ax_step.set_yscale("log")
     ax_step.set_ylabel("time per step (ms)")
-    ax_step.legend(fontsize=7.5, loc="upper left")
+    ax_step.legend(fontsize=7, loc="upper left")
     for i, ref in enumerate(r for r in rows if r["algorithm"] == "published"):
         color = ["tab:blue", "tab:orange", "tab:green"][i % 3]
-        for overlap, ls in ((0, "-"), (1, "--")):
+        # perfect overlap gives 100% for every run: dashes offset by run, so no line hides another
+        for overlap, ls in ((0, "-"), (1, (5 * i, (5, 5)))):
             pts = [r for r in rows if r["setting"] == ref["setting"] and r["algorithm"] == "ring"
                    and r["overlap"] == overlap]
-            ax_pub.plot([r["workers"] for r in pts], [r["efficiency"] for r in pts], ls,
+            ax_pub.plot([r["workers"] for r in pts], [r["efficiency"] for r in pts], ls=ls,
                         color=color, label=f"{ref['setting']}: ring, "
                                            + ("perfect overlap" if overlap else "no overlap"))
         ax_pub.plot(ref["workers"], ref["published_efficiency"], "*", ms=15, color=color,
@@ -162,7 +168,7 @@ def draw():
     for ax in (ax_eff, ax_pub):
         ax.set_ylabel("efficiency = compute / step")
         ax.set_ylim(0, 1.05)
-    ax_eff.legend(fontsize=8, loc="lower left", title="no overlap", title_fontsize=8)
+    ax_eff.legend(fontsize=7, loc="lower left")
     path = plots.finish(
         fig, NAME, "At scale, on paper: the alpha-beta cost model from 1 to 1024 workers", facts,
         note="step = compute + all-reduce (no overlap), or max of the two (perfect overlap); "

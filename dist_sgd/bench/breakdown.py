@@ -1,7 +1,7 @@
 """Figure 4: where a training step's time goes, for each way of syncing gradients.
 
 Every rank keeps 32 samples (weak scaling). In one alternating run (time_alternating) we time
-each strategy's full step (scaling.make_steps) and, as one more candidate, the same step with
+each strategy's full step (bench/steps.py) and, as one more candidate, the same step with
 no communication at all: forward, loss, backward, SGD update. Every rank records its own
 times, so for each sample we know each rank's compute time. Then, per strategy:
 
@@ -22,8 +22,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from dist_sgd.bench import common, sweep
-from dist_sgd.bench.scaling import STRATEGIES, build, make_steps
+from dist_sgd.bench import common
+from dist_sgd.bench.scaling import DDP_BUCKET_MB, STRATEGIES
+from dist_sgd.bench.steps import batch, build, make_steps
 from dist_sgd.timing import summarize, time_alternating
 
 NAME = "breakdown"
@@ -47,10 +48,8 @@ def _per_rank(values, world_size):
 def _worker(rank, world_size, s):
     rows, repeats = [], s["repeats"]
     for model_name in s["models"]:
-        model = build(model_name)
-        sync = {}
-        steps = make_steps(model, s["rank_batch"], STRATEGIES + ("single process",),
-                           sync_times=sync)
+        steps = make_steps(build(model_name), *batch(s["rank_batch"]),
+                           STRATEGIES + ("single process",), DDP_BUCKET_MB)
         own = {name: [] for name in steps}
 
         def timed(fn, log):
@@ -65,7 +64,7 @@ def _worker(rank, world_size, s):
         skew = [max(c[i] for c in compute) - mean[i] for i in range(repeats)]
         for name in STRATEGIES:
             step = summarize(samples[name])
-            call = _per_rank(sync[name][-repeats:], world_size)
+            call = _per_rank(steps[name].sync_seconds[-repeats:], world_size)
             c, w = statistics.median(mean), statistics.median(skew)
             rows.append({"model": model_name, "world_size": world_size, "strategy": name,
                          "rank_batch": s["rank_batch"], "step": step["median"],
@@ -79,7 +78,7 @@ def _worker(rank, world_size, s):
 
 def measure(quick=False):
     s = settings(quick)
-    sweep.over_world_sizes(NAME, _worker, s["world_sizes"], s)
+    return common.over_world_sizes(NAME, _worker, s["world_sizes"], s)
 
 
 def report(rows):
@@ -96,10 +95,9 @@ def draw():
     from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
 
     rows, facts = common.read_csv(NAME)
-    report(rows)
     model_names = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plots.figure(len(model_names), width=6.0, height=4.6)
-    short = {"average_gradients": "avg_grads", "our DDP": "our DDP", "torch DDP": "torch DDP"}
+    short = {"average_gradients": "average_\ngradients", "our DDP": "our DDP", "torch DDP": "torch DDP"}
     for ax, model_name in zip(axes[0], model_names):
         sel = [r for r in rows if r["model"] == model_name]
         labels, x = [], 0.0
@@ -108,8 +106,7 @@ def draw():
                 r = next(r for r in sel if r["world_size"] == p and r["strategy"] == name)
                 bottom = 0.0
                 for part, color in PARTS:
-                    ax.bar(x, r[part] * 1e3, bottom=bottom, color=color, width=0.8,
-                           label=part if not labels else None)
+                    ax.bar(x, r[part] * 1e3, bottom=bottom, color=color, width=0.8)
                     bottom += r[part] * 1e3
                 ax.errorbar(x, r["step"] * 1e3, yerr=[[(r["step"] - r["step_min"]) * 1e3],
                                                        [(r["step_max"] - r["step"]) * 1e3]],
@@ -125,9 +122,12 @@ def draw():
         ax.set_ylabel("time per step (ms)")
         ax.set_title(f"{model_name}, {sel[0]['rank_batch']} samples per rank", fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
-    axes[0][0].errorbar([], [], yerr=[], fmt="none", ecolor="black", capsize=3,
-                        label="step time min-max")
-    axes[0][0].legend(fontsize=8)
+    for ax in axes[0]:
+        for part, color in PARTS:
+            ax.bar([0], [0], color=color, label=part)
+        ax.errorbar([], [], yerr=[], fmt="none", ecolor="black", capsize=3,
+                    label="step time min-max")
+        ax.legend(fontsize=8)
     path = plots.finish(
         fig, NAME, "Where a data-parallel step's time goes", facts,
         note="compute: the same step with no communication (mean over ranks); waiting: slowest "

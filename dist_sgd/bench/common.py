@@ -1,58 +1,43 @@
-"""What every benchmark shares: where figures go, the machine facts, CSV in and out.
+"""What every benchmark shares: the CSV helpers of dist_sgd.figures, and running one
+measurement at several world sizes while keeping what worked when one of them fails.
 
-Each figure is drawn from a CSV that sits beside it in figures/, so a figure can always be
-redrawn (and checked) from the numbers it shows. The CSV's first line is a comment with the
-machine facts, because a time means nothing without the hardware it was measured on.
+A full benchmark run is long and unattended: if world size 4 fails, the numbers for 1, 2 and
+3 are still worth a CSV (and a figure, with `python -m dist_sgd.bench --redraw NAME`).
 """
-import csv
-import os
-import platform
-
-import torch
-
-FIGURES_DIR = os.environ.get(
-    "DIST_SGD_FIGURES", os.path.join(os.path.dirname(__file__), "..", "..", "figures"))
+from dist_sgd.figures import figure_path, folder, machine_facts, read_csv, write_csv  # noqa: F401
+from dist_sgd.launch import RankError, launch
 
 
-def machine_facts(threads_per_rank=1):
-    """A one-line description of the hardware and software a measurement ran on."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{os.cpu_count()} cores ({cpu}), {gpu}, {threads_per_rank} thread(s) per rank, "
-            f"torch {torch.__version__}, Python {platform.python_version()}")
+class Skip(Exception):
+    """Raised by a measurement that cannot run on this machine; the message says why."""
 
 
-def figure_path(name):
-    os.makedirs(FIGURES_DIR, exist_ok=True)
-    return os.path.normpath(os.path.join(FIGURES_DIR, name))
+class PartialResults(RuntimeError):
+    """Some world sizes failed; the CSV holds the others."""
 
 
-def write_csv(name, rows, facts=None):
-    """Write a list of dicts to figures/<name>.csv, machine facts in a leading comment line."""
-    path = figure_path(name + ".csv")
-    with open(path, "w", newline="") as f:
-        f.write(f"# {facts or machine_facts()}\n")
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
+def over_world_sizes(name, worker, world_sizes, *args, finish=None):
+    """launch(worker, p, *args) for each p; rank 0's list of rows from each, concatenated.
 
-
-def read_csv(name):
-    """(rows as dicts with numbers converted, machine facts) from figures/<name>.csv."""
-    path = figure_path(name + ".csv")
-    with open(path, newline="") as f:
-        facts = f.readline().lstrip("# ").strip()
-        rows = list(csv.DictReader(f))
-    for row in rows:
-        for key, value in row.items():
-            try:
-                row[key] = float(value) if any(c in value for c in ".eE") else int(value)
-            except (TypeError, ValueError):
-                pass
-    return rows, facts
+    finish(rows) may add columns before the CSV `name` is written. Returns the rows; raises
+    PartialResults (after writing the CSV of the world sizes that worked) when one failed.
+    """
+    rows, failed = [], []
+    for p in world_sizes:
+        print(f"  {name} at world size {p}", flush=True)
+        try:
+            # gloo even where GPUs exist: these figures measure CPU processes (the README's laptop)
+            rows += launch(worker, p, *args, backend="gloo")[0]
+        except RankError as e:
+            print(f"  {name} at world size {p} FAILED: {str(e).splitlines()[0]}", flush=True)
+            failed.append((p, e))
+    rows = finish(rows) if finish and rows else rows
+    if rows:
+        write_csv(name, rows)
+    if failed:
+        detail = "\n".join(f"--- world size {p} ---\n{e}" for p, e in failed)
+        kept = sorted({r["world_size"] for r in rows})
+        raise PartialResults(f"{name}: world sizes {[p for p, _ in failed]} failed"
+                             + (f"; {name}.csv holds {kept} (--redraw {name} draws it)" if rows else "")
+                             + f"\n{detail}")
+    return rows

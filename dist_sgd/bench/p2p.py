@@ -8,7 +8,7 @@ figure 6 (atscale) reuses this fit for "this machine's" network.
 import numpy as np
 
 from dist_sgd.bench import common
-from dist_sgd.costmodel import fit_alpha_beta
+from dist_sgd.costmodel import bandwidth, fit_alpha_beta, human_bytes
 from dist_sgd.launch import launch
 
 NAME = "p2p"
@@ -27,14 +27,11 @@ def _worker(rank, world_size, sizes_bytes, repeats):
 
 def measure(quick=False):
     repeats = 5 if quick else 20
-    rows = launch(_worker, 2, sizes(quick), repeats, backend="gloo")[0]  # CPU, as every figure
-    write(rows, repeats)
-
-
-def write(results, repeats):
+    results = launch(_worker, 2, sizes(quick), repeats, backend="gloo")[0]  # CPU, as every figure
     rows = [{"bytes": int(r["bytes"]), "seconds": r["seconds"], "min": r["min"], "max": r["max"],
              "bandwidth_bytes_per_s": r["bandwidth"], "repeats": repeats} for r in results]
-    return common.write_csv(NAME, rows)
+    common.write_csv(NAME, rows)
+    return rows
 
 
 def fit(rows):
@@ -52,25 +49,22 @@ def load_fit():
 
 
 def report(rows):
-    from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
-
     alpha, beta = fit(rows)
     print(f"ping-pong between 2 ranks: fit t = alpha + n * beta: alpha = {alpha * 1e6:.1f} us, "
-          f"1/beta = {1 / beta / 1e9:.2f} GB/s")
+          f"1/beta = {bandwidth(beta) / 1e9:.2f} GB/s")
     print(f"  {'size':>9s} {'one-way':>11s} {'bandwidth':>11s} {'model':>11s} {'error':>7s}")
     for r in rows:
         model = alpha + beta * r["bytes"]
-        print(f"  {plots.human_bytes(r['bytes']):>9s} {r['seconds'] * 1e6:9.1f}us "
+        print(f"  {human_bytes(r['bytes']):>9s} {r['seconds'] * 1e6:9.1f}us "
               f"{r['bytes'] / r['seconds'] / 1e9:7.3f}GB/s {model * 1e6:9.1f}us "
               f"{(model - r['seconds']) / r['seconds']:+7.1%}")
-    return alpha, beta
 
 
 def draw():
     from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
 
     rows, facts = common.read_csv(NAME)
-    alpha, beta = report(rows)
+    alpha, beta = fit(rows)
     n = np.array([r["bytes"] for r in rows], dtype=float)
     t = np.array([r["seconds"] for r in rows])
     lo, hi = np.array([r["min"] for r in rows]), np.array([r["max"] for r in rows])
@@ -82,7 +76,7 @@ def draw():
     ax_t.fill_between(n, lo * 1e6, hi * 1e6, color="tab:blue", alpha=0.2, label="min-max")
     ax_t.plot(n, t * 1e6, "o-", color="tab:blue", label="measured (median)")
     ax_t.plot(fine, model * 1e6, "--", color="black",
-              label=f"alpha + n*beta: alpha = {alpha * 1e6:.0f} us, 1/beta = {1 / beta / 1e9:.2f} GB/s")
+              label=f"alpha + n*beta: alpha = {alpha * 1e6:.0f} us, 1/beta = {bandwidth(beta) / 1e9:.2f} GB/s")
     plots.bytes_axis(ax_t)
     ax_t.set_yscale("log")
     ax_t.set_xlabel("message size")
@@ -93,18 +87,20 @@ def draw():
     ax_bw.fill_between(n, n / hi / 1e9, n / lo / 1e9, color="tab:blue", alpha=0.2, label="min-max")
     ax_bw.plot(n, n / t / 1e9, "o-", color="tab:blue", label="measured (median)")
     ax_bw.plot(fine, fine / model / 1e9, "--", color="black", label="model n / (alpha + n*beta)")
-    ax_bw.axhline(1 / beta / 1e9, color="gray", lw=0.8, ls=":", label="1/beta (peak)")
+    if beta > 0:
+        ax_bw.axhline(1 / beta / 1e9, color="gray", lw=0.8, ls=":", label="1/beta (peak)")
     plots.bytes_axis(ax_bw)
     ax_bw.set_yscale("log")
     ax_bw.set_xlabel("message size")
     ax_bw.set_ylabel("bandwidth (GB/s)")
     ax_bw.set_title("bandwidth: reaches 1/beta for big messages")
     ax_bw.legend(fontsize=8)
-    half = alpha / beta  # the size at which latency and transfer cost the same
-    for ax in (ax_t, ax_bw):
-        ax.axvline(half, color="gray", lw=0.8)
-    ax_bw.text(half, ax_bw.get_ylim()[0], f"n1/2 = alpha/beta = {plots.human_bytes(half)} ",
-               fontsize=8, va="bottom", ha="right", color="gray")
+    if beta > 0:
+        half = alpha / beta  # the size at which latency and transfer cost the same
+        for ax in (ax_t, ax_bw):
+            ax.axvline(half, color="gray", lw=0.8)
+        ax_bw.text(half, ax_bw.get_ylim()[0], f"n1/2 = alpha/beta = {human_bytes(half)} ",
+                   fontsize=8, va="bottom", ha="right", color="gray")
     path = plots.finish(fig, NAME, "Point-to-point send/recv between 2 processes (gloo, one host)",
                         facts, note=f"{rows[0]['repeats']} round trips per size; one-way time = "
                                     "round trip / 2; line = least-squares fit on relative error")

@@ -1,4 +1,5 @@
-"""The look every figure shares: Agg backend, byte-size axes, a title and a hardware caption."""
+"""The look every figure shares: Agg backend, byte-size axes, one colour per strategy and
+algorithm, a title and a hardware caption."""
 import os
 
 import matplotlib
@@ -10,10 +11,16 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 from dist_sgd.bench import common  # noqa: E402
 from dist_sgd.costmodel import human_bytes  # noqa: E402,F401 - tick labels, tables
 
-COLORS = {"naive": "tab:gray", "tree": "tab:green", "ring": "tab:blue",
+COLORS = {"naive": "tab:gray", "tree": "tab:green", "ring": "tab:blue", "ring_pipelined": "tab:cyan",
           "halving_doubling": "tab:purple", "gloo": "tab:red", "parameter_server": "tab:brown",
-          "average_gradients": "tab:orange", "our DDP": "tab:blue", "torch DDP": "tab:red",
-          "single process": "black"}
+          "single process": "black", "average_gradients": "tab:orange",
+          "per-parameter hooks": "tab:olive", "our DDP": "tab:blue", "torch DDP": "tab:red",
+          "our DataParallel": "tab:purple", "torch DataParallel": "tab:pink"}
+
+
+def color(name):
+    """The colour of a strategy or algorithm ("our DDP, 1 MiB" is our DDP's); gray if unknown."""
+    return COLORS.get(name, COLORS.get(name.split(",")[0], "tab:gray"))
 
 
 def cores(facts):
@@ -36,7 +43,7 @@ def figure(ncols, nrows=1, width=5.2, height=4.2):
 
 
 def finish(fig, name, title, facts, note=None):
-    """Title on top, machine facts (and a note) underneath, save figures/<name>.png."""
+    """Title on top, machine facts (and a note) underneath, save <figures>/<name>.png."""
     hardware = ", ".join(facts.split(", ")[:2])  # "2 cores (CPU model), no GPU"
     fig.suptitle(f"{title}\n[{hardware}]", fontsize=12)
     caption = f"Measured on: {facts}" + (f"\n{note}" if note else "")

@@ -14,22 +14,18 @@ The batches are random tensors of MNIST's shape: a step's time does not depend o
 pixel values, and no dataset has to be read. Ranks beyond the core count share cores: there
 the processes take turns on the CPU, so no speed-up is possible (marked "oversubscribed").
 """
-import copy
 import os
-import time
-
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
 from dist_sgd import models
-from dist_sgd.bench import common, sweep
+from dist_sgd.bench import common
+from dist_sgd.bench.steps import batch, build, make_steps
 from dist_sgd.timing import summarize, time_alternating
 
 NAME = "scaling"
 STRATEGIES = ("average_gradients", "our DDP", "torch DDP")
-GLOBAL_BATCH = 96  # divisible by 1, 2, 3 and 4: every world size gets the same whole batches
-RANK_BATCH = 32
+# The same bucket cap for both DDPs: at their defaults ours puts BigNet's 4.8 MB in one
+# bucket (no overlap) while torch's starts with a 1 MiB bucket, an unfair comparison.
+DDP_BUCKET_MB = 1.0
 
 
 def settings(quick):
@@ -37,57 +33,7 @@ def settings(quick):
         return {"world_sizes": (1, 2), "models": ("net", "bignet"), "repeats": 3, "warmup": 1,
                 "global_batch": 48, "rank_batch": 16}
     return {"world_sizes": (1, 2, 3, 4), "models": ("net", "bignet"), "repeats": 9, "warmup": 2,
-            "global_batch": GLOBAL_BATCH, "rank_batch": RANK_BATCH}
-
-
-DDP_BUCKET_MB = 1.0  # both DDPs, see make_steps
-
-
-def make_steps(model, batch, strategies, seed=0, sync_times=None):
-    """{strategy: zero-argument training step} on private copies of `model`, same batch.
-
-    sync_times: optional {strategy: list}; each step appends the seconds spent in its explicit
-    gradient-sync call (average_gradients; for the DDPs, what is left after backward).
-    """
-    from dist_sgd.ddp import DistributedDataParallel
-    from dist_sgd.sync import average_gradients
-
-    gen = torch.Generator().manual_seed(seed + (dist.get_rank() if dist.is_initialized() else 0))
-    x = torch.randn(batch, 1, 28, 28, generator=gen)
-    y = torch.randint(0, 10, (batch,), generator=gen)
-    steps = {}
-    for name in strategies:
-        local = copy.deepcopy(model)
-        # The same bucket cap for both DDPs: at their defaults ours puts BigNet's 4.8 MB in one
-        # bucket (no overlap) while torch's starts with a 1 MiB bucket, an unfair comparison.
-        if name == "our DDP":
-            wrapped = DistributedDataParallel(local, bucket_cap_mb=DDP_BUCKET_MB)
-        elif name == "torch DDP":
-            wrapped = torch.nn.parallel.DistributedDataParallel(local, bucket_cap_mb=DDP_BUCKET_MB)
-        else:
-            wrapped = local
-        opt = torch.optim.SGD(wrapped.parameters(), lr=0.01)
-
-        def step(name=name, m=wrapped, opt=opt):
-            opt.zero_grad()
-            F.nll_loss(m(x), y).backward()
-            start = time.perf_counter()
-            if name == "average_gradients":
-                average_gradients(m)
-            elif name == "our DDP":
-                m.finish_gradient_synchronization()  # already done by backward; idempotent
-            if sync_times is not None:
-                sync_times.setdefault(name, []).append(time.perf_counter() - start)
-            opt.step()
-        steps[name] = step
-    return steps
-
-
-def build(model_name):
-    torch.manual_seed(0)
-    model = models.MODELS[model_name]()
-    model.apply(models.init_weights)
-    return model
+            "global_batch": 96, "rank_batch": 32}  # 96: whole batches for 1, 2, 3 and 4 ranks
 
 
 def _worker(rank, world_size, s):
@@ -95,16 +41,17 @@ def _worker(rank, world_size, s):
     for model_name in s["models"]:
         model = build(model_name)
         for mode in ("strong", "weak"):
-            batch = s["global_batch"] // world_size if mode == "strong" else s["rank_batch"]
+            size = s["global_batch"] // world_size if mode == "strong" else s["rank_batch"]
             names = STRATEGIES + (("single process",) if world_size == 1 else ())
-            samples = time_alternating(make_steps(model, batch, names), s["repeats"], s["warmup"])
+            steps = make_steps(model, *batch(size), names, DDP_BUCKET_MB)
+            samples = time_alternating(steps, s["repeats"], s["warmup"])
             for name, times in samples.items():
                 t = summarize(times)
                 rows.append({"model": model_name, "mode": mode, "strategy": name,
-                             "world_size": world_size, "rank_batch": batch,
-                             "global_batch": batch * world_size, "seconds": t["median"],
+                             "world_size": world_size, "rank_batch": size,
+                             "global_batch": size * world_size, "seconds": t["median"],
                              "min": t["min"], "max": t["max"], "n": t["n"],
-                             "samples_per_s": batch * world_size / t["median"],
+                             "samples_per_s": size * world_size / t["median"],
                              "gradient_bytes": 4 * models.count_parameters(model),
                              "cores": os.cpu_count()})
     return rows
@@ -122,25 +69,34 @@ def efficiencies(rows):
 
 def measure(quick=False):
     s = settings(quick)
-    sweep.over_world_sizes(NAME, _worker, s["world_sizes"], s, finish=efficiencies)
+    return common.over_world_sizes(NAME, _worker, s["world_sizes"], s, finish=efficiencies)
 
 
 def report(rows):
-    for r in rows:
-        if r["world_size"] == max(x["world_size"] for x in rows) or r["strategy"] == "single process":
-            print(f"  {r['model']:7s} {r['mode']:6s} p={r['world_size']} {r['strategy']:18s} "
-                  f"batch {r['rank_batch']:3d}/rank  {r['seconds'] * 1e3:8.1f} ms/step  "
-                  f"{r['samples_per_s']:8.1f} samples/s  efficiency {r['efficiency']:6.1%}")
+    """Samples/s and efficiency at every world size measured, per model and mode."""
+    for (model, mode) in dict.fromkeys((r["model"], r["mode"]) for r in rows):
+        sel = [r for r in rows if r["model"] == model and r["mode"] == mode]
+        base = next((r for r in sel if r["strategy"] == "single process"), None)
+        print(f"  {model}, {mode} scaling" + (f" (one plain process: {base['samples_per_s']:.0f} "
+                                              "samples/s)" if base else "")
+              + ": samples/s (efficiency) per world size")
+        print(f"    {'p':>2s} " + " ".join(f"{n:>20s}" for n in STRATEGIES))
+        for p in sorted({r["world_size"] for r in sel}):
+            cells = {r["strategy"]: f"{r['samples_per_s']:8.0f} ({r['efficiency']:6.1%})"
+                     for r in sel if r["world_size"] == p}
+            print(f"    {p:2d} " + " ".join(f"{cells.get(n, '-'):>20s}" for n in STRATEGIES))
+
+
+MARKERS = {"average_gradients": ("o", "-"), "our DDP": ("s", "--"), "torch DDP": ("^", ":")}
 
 
 def draw():
     from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
 
     rows, facts = common.read_csv(NAME)
-    report(rows)
     cores = rows[0]["cores"]
     model_names = list(dict.fromkeys(r["model"] for r in rows))
-    fig, axes = plots.figure(4, len(model_names), width=4.3, height=3.9)
+    fig, axes = plots.figure(4, len(model_names), width=4.4, height=4.0)
     for i, model_name in enumerate(model_names):
         for j, (mode, what) in enumerate([(m, w) for m in ("strong", "weak")
                                           for w in ("samples_per_s", "efficiency")]):
@@ -148,9 +104,10 @@ def draw():
             sel = [r for r in rows if r["model"] == model_name and r["mode"] == mode]
             ps = sorted({r["world_size"] for r in sel})
             base = next(r for r in sel if r["strategy"] == "single process")
-            for name in STRATEGIES:
+            for k, name in enumerate(STRATEGIES):
                 pts = sorted((r for r in sel if r["strategy"] == name), key=lambda r: r["world_size"])
-                x = [r["world_size"] for r in pts]
+                # side by side: the three strategies often measure alike and would hide each other
+                x = [r["world_size"] + 0.08 * (k - 1) for r in pts]
                 if what == "samples_per_s":
                     y = [r["samples_per_s"] for r in pts]
                     lo = [r["global_batch"] / r["max"] for r in pts]
@@ -159,20 +116,19 @@ def draw():
                     y = [r["efficiency"] for r in pts]
                     lo = [r["efficiency"] * r["seconds"] / r["max"] for r in pts]
                     hi = [r["efficiency"] * r["seconds"] / r["min"] for r in pts]
+                marker, ls = MARKERS[name]
                 ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]],
-                            marker="o", capsize=3, color=plots.COLORS[name], label=name)
-                for xx, yy in zip(x, y):  # hatched (hollow) markers where ranks > cores
-                    if xx > cores:
-                        ax.plot(xx, yy, "o", ms=11, mfc="none", mec=plots.COLORS[name])
+                            marker=marker, ls=ls, capsize=3, ms=5, color=plots.COLORS[name],
+                            label=name, alpha=0.9)
             ax.plot(1, base[what], "*", color="black", ms=12, zorder=5,
-                    label="single process (no communication)")
+                    label="one process, no communication")
             if what == "samples_per_s":
-                ax.plot(ps, [base["samples_per_s"] * p for p in ps], "k--", lw=1,
+                ax.plot(ps, [base["samples_per_s"] * p for p in ps], "k--", lw=0.8,
                         label="ideal: p x one process")
-                ax.set_ylabel("samples / s")
+                ax.set_ylabel("samples / s (all ranks)")
             else:
-                ax.axhline(1.0, color="k", ls="--", lw=1, label="ideal")
-                ax.set_ylabel("parallel efficiency")
+                ax.axhline(1.0, color="k", ls="--", lw=0.8, label="ideal")
+                ax.set_ylabel("parallel efficiency (1 = ideal)")
                 ax.set_ylim(0, max(1.15, max(r["efficiency"] for r in sel) * 1.1))
             if ps[-1] > cores:
                 ax.axvspan(cores + 0.5, ps[-1] + 0.5, color="gray", alpha=0.15, hatch="//",
@@ -180,15 +136,15 @@ def draw():
             ax.set_xticks(ps)
             ax.set_xlim(0.5, ps[-1] + 0.5)
             ax.set_xlabel("world size (processes)")
-            batch = (f"global batch {base['global_batch']}" if mode == "strong"
-                     else f"{base['rank_batch']} per rank")
+            size = (f"global batch {base['global_batch']}" if mode == "strong"
+                    else f"{base['rank_batch']} per rank")
             ax.set_title(f"{model_name} ({base['gradient_bytes'] / 1e6:.2f} MB grads): "
-                         f"{mode}, {batch}", fontsize=9.5)
+                         f"{mode}, {size}", fontsize=9.5)
             ax.grid(True, alpha=0.3)
-    axes[0][0].legend(fontsize=7.5)
-    path = plots.finish(
+            ax.legend(fontsize=6.5, loc="best")
+    return [plots.finish(
         fig, NAME, f"Data-parallel scaling with 1 thread per process on a {cores}-core CPU", facts,
         note="synthetic batches of MNIST shape (step time does not depend on pixel values); "
-             "median step time, bars min-max; efficiency vs one plain process with no "
-             "communication; hollow rings and shading: more processes than cores")
-    return [path]
+             "median step time, bars min-max, strategies drawn side by side at each world size; "
+             "efficiency vs one plain process with no communication; shading: more processes "
+             "than cores")]
