@@ -255,7 +255,7 @@ class Cluster:
         return ["ip", "netns", "exec", self.netns[rank], "unshare", "--uts", "--", "sh", "-c",
                 'hostname "$0" && exec "$@"', self.hostnames[rank], *cmd]
 
-    def run(self, cmd, env=None, output=None, timeout=None, grace=5.0, check=True):
+    def run(self, cmd, env=None, output=None, timeout=None, grace=3.0, check=True):
         """Run `cmd` (a list, or a string for sh -c) once in every node; return the exit codes.
 
         Output lines are streamed to `output` (default sys.stdout) prefixed `[node i]`. When a
