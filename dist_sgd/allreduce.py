@@ -1,78 +1,68 @@
-"""The four all-reduce algorithms, built on the wire (wire.Link): send/recv alone.
+"""The all-reduce algorithms, built on the wire (wire.Link): send/recv alone.
 
-Each algorithm takes a Link and a flat contiguous tensor and leaves in it the reduction of
-every rank's tensor, the same bytes on every rank. For p ranks, n bytes, a latency a per
-message and b seconds per byte (the alpha-beta model):
+Each algorithm takes a Link, a flat contiguous tensor and an in-place reduce(acc, x), and
+leaves in the tensor the reduction of every rank's tensor, the same bytes on every rank. For
+p ranks, n bytes, a latency a per message and b seconds per byte (the alpha-beta model):
 
     naive             everyone -> rank 0, which reduces and sends back   2(p-1)(a + n b)
     tree              binomial tree to rank 0, then back down           2 log2(p) (a + n b)
     ring              reduce-scatter + all-gather over p chunks         2(p-1) a + 2(p-1)/p n b
     halving_doubling  recursive halving + doubling (Rabenseifner)       2 log2(p) a + 2(p-1)/p n b
+    ring_pipelined    the ring, with segments in flight (ring_pipelined.py: speed work)
 
 Ring and halving-doubling only send pieces: each rank sends ~2n bytes whatever p is (the
 least possible). collectives.py, the public API, reuses the ring's phases for
-reduce_scatter and all_gather, and the tree for reduce and broadcast.
+reduce_scatter and all_gather, and the tree for reduce and broadcast. Wherever a rank both
+receives and sends in one step, the receive is posted first (wire.Link.start says why).
 """
+import torch
+
+from .ring_pipelined import ring_pipelined
 from .wire import split
 
-ALL_REDUCE_ALGORITHMS = ("naive", "tree", "ring", "halving_doubling")
+TEXTBOOK = ("naive", "tree", "ring", "halving_doubling")
+ALL_REDUCE_ALGORITHMS = TEXTBOOK + ("ring_pipelined",)
 
 
 # ---- the ring: its two phases are also reduce_scatter and all_gather --------------------------
 
-def ring_reduce_scatter(link, chunks, reduce, hand_on=False):
+def ring_reduce_scatter(link, chunks, reduce):
     """p-1 steps around the ring; afterwards chunks[rank] holds the reduction over all ranks.
 
-    `chunks` are p contiguous pieces of a working buffer we may overwrite. At step s rank r
-    passes chunk (r-s-1) to its right neighbour and adds the chunk (r-s-2) arriving from its
-    left into its own copy, so each chunk picks up one more rank's contribution per step and
-    ends, complete, at rank r after p-1 steps. Every message is one chunk (~n/p elements).
-
-    The chunk a rank passes on at step s+1 is the one it reduces at step s, so each segment
-    leaves as soon as it is reduced: big chunks flow through the ring like a pipeline
-    instead of stopping at every rank. hand_on=True also passes on the finished chunk: the
-    first send of the all-gather that follows.
+    `chunks` are p pieces of a working buffer we may overwrite. At step s rank r sends chunk
+    (r-s-1) to its right neighbour and adds chunk (r-s-2), arriving from its left, into its
+    own copy: each chunk picks up one more rank's contribution per step and, after p-1 steps,
+    chunk r is complete at rank r. Every message is one chunk (~n/p elements, maybe empty).
     """
     p, r = link.size, link.rank
     right, left = (r + 1) % p, (r - 1) % p
-    if p > 1:
-        link.at("reduce-scatter", 0).isend(chunks[(r - 1) % p], right, chunk=(r - 1) % p)
+    inbox = torch.empty(max(c.numel() for c in chunks), dtype=chunks[0].dtype, device=chunks[0].device)
     for step in range(p - 1):
-        d = (r - step - 2) % p
-        after = ("reduce-scatter", step + 1) if step < p - 2 else ("all-gather", 0) if hand_on else None
-
-        def pass_on(piece, d=d, after=after):
-            link.isend(piece, right, chunk=d, where=after)
-        link.at("reduce-scatter", step).exchange_reduce(None, None, chunks[d], left, reduce,
-                                                        recv_chunk=d, reduced=after and pass_on)
+        give, take = (r - step - 1) % p, (r - step - 2) % p
+        incoming = inbox[:chunks[take].numel()]
+        link.at("reduce-scatter", step).exchange(chunks[give], right, incoming, left, give, take)
+        reduce(chunks[take], incoming)  # the chunk we send at the next step
 
 
-def ring_all_gather(link, chunks, started=False):
+def ring_all_gather(link, chunks):
     """p-1 steps around the ring; rank r starts owning chunks[r] and ends with all of them.
 
-    At step s rank r receives chunk (r-s-1) from its left straight into place (no buffer,
-    no copy) and passes each segment on to its right as soon as it is in. started=True:
-    the reduce-scatter already sent chunks[r] (hand_on).
+    At step s rank r passes chunk (r-s) on to its right and receives chunk (r-s-1) from its
+    left straight into place (no buffer, no copy): the one it passes on at the next step.
     """
     p, r = link.size, link.rank
     right, left = (r + 1) % p, (r - 1) % p
-    if p > 1 and not started:
-        link.at("all-gather", 0).isend(chunks[r], right, chunk=r)
     for step in range(p - 1):
-        d = (r - step - 1) % p
-        link.flush(chunk=d)  # the reduce-scatter sent this chunk: that send must be over
-        pieces = link.cut(chunks[d])
-        for piece, work in zip(pieces, link.at("all-gather", step).irecv(chunks[d], left, chunk=d)):
-            work.wait()
-            if step < p - 2:
-                link.isend(piece, right, chunk=d, where=("all-gather", step + 1))
+        give, take = (r - step) % p, (r - step - 1) % p
+        link.at("all-gather", step).exchange(chunks[give], right, chunks[take], left, give, take)
 
 
 def ring(link, flat, reduce):
+    """Reduce-scatter, then all-gather: 2(p-1) messages per rank, each one chunk of ~n/p."""
     offsets = split(flat.numel(), link.size)
     chunks = [flat[offsets[i]:offsets[i + 1]] for i in range(link.size)]  # views, not copies
-    ring_reduce_scatter(link, chunks, reduce, hand_on=True)
-    ring_all_gather(link, chunks, started=True)
+    ring_reduce_scatter(link, chunks, reduce)
+    ring_all_gather(link, chunks)
 
 
 # ---- the binomial tree: also reduce and broadcast ---------------------------------------------
@@ -81,21 +71,26 @@ def tree_reduce(link, flat, reduce, root=0, inplace=True):
     """Binomial tree: in round k, ranks whose relative rank has bit k set send to the rank 2^k
     below them and drop out; after log2(p) rounds the root holds everything.
 
-    Returns the tensor holding this rank's partial result. With inplace=False `flat` is left
-    alone: the first child's contribution goes into a copy (leaves never make one).
+    A rank's children are known up front, so it posts all their receives first (each into a
+    buffer of its own: they may arrive at once), then adds them in round order, then sends
+    the partial result to its parent. Returns the tensor holding this rank's partial result;
+    with inplace=False `flat` is left alone and the sum goes into a copy.
     """
     p = link.size
     vr = (link.rank - root) % p
-    acc, mask, step = flat, 1, 0
-    while mask < p:
-        if vr & mask:
-            link.at("reduce", step).isend(acc, (vr - mask + root) % p)
-            break
+    children, mask = [], 1
+    while mask < p and not vr & mask:
         if vr + mask < p:
-            if acc is flat and not inplace:
-                acc = flat.clone()
-            link.at("reduce", step).exchange_reduce(None, None, acc, (vr + mask + root) % p, reduce)
-        mask, step = mask << 1, step + 1
+            children.append(((vr + mask + root) % p, mask.bit_length() - 1))
+        mask <<= 1
+    bufs = [torch.empty_like(flat) for _ in children]
+    requests = link.at("reduce", 0).start(recvs=[(b, child, None) for b, (child, _) in zip(bufs, children)])
+    acc = flat if inplace or not children else flat.clone()
+    for request, buf in zip(requests, bufs):
+        request.wait()
+        reduce(acc, buf)
+    if vr != 0:
+        link.at("reduce", mask.bit_length() - 1).send(acc, (vr - mask + root) % p)
     return acc
 
 
@@ -104,41 +99,43 @@ def tree_broadcast(link, flat, root=0):
     p = link.size
     vr = (link.rank - root) % p
     mask = 1
-    while mask < p:
-        if vr & mask:
-            link.at("broadcast", mask.bit_length() - 1).recv(flat, (vr - mask + root) % p)
-            break
+    while mask < p and not vr & mask:
         mask <<= 1
+    if vr != 0:
+        link.at("broadcast", mask.bit_length() - 1).recv(flat, (vr - mask + root) % p)
+    sends = []
     mask >>= 1
     while mask > 0:
         if vr + mask < p:
-            link.at("broadcast", mask.bit_length() - 1).isend(flat, (vr + mask + root) % p)
+            sends.append((flat, (vr + mask + root) % p, None))
         mask >>= 1
+    for request in link.at("broadcast", 0).start(sends=sends):
+        request.wait()
 
 
 def tree(link, flat, reduce):
     tree_reduce(link, flat, reduce, root=0)
-    link.flush()  # the broadcast overwrites what the reduce sent
     tree_broadcast(link, flat, root=0)
 
 
 # ---- naive: through rank 0 -------------------------------------------------------------------
 
 def naive(link, flat, reduce):
-    """Rank 0 receives every tensor in rank order, reduces, and sends the result back.
-
-    Rank 0 moves 2(p-1) whole tensors while the others wait: the bottleneck the other
-    algorithms remove.
-    """
+    """Rank 0 receives every tensor (all receives posted first), reduces them in rank order,
+    and sends the result back. It moves 2(p-1) whole tensors while the others wait: the
+    bottleneck the other algorithms remove. The others send, then receive into the same
+    tensor: posting that receive first would let the result overwrite what is being sent."""
     if link.rank != 0:
-        link.at("reduce", 0).isend(flat, 0)
-        link.flush()
+        link.at("reduce", 0).send(flat, 0)
         link.at("broadcast", 0).recv(flat, 0)
         return
-    for src in range(1, link.size):
-        link.at("reduce", src - 1).exchange_reduce(None, None, flat, src, reduce)
-    for dst in range(1, link.size):
-        link.at("broadcast", dst - 1).isend(flat, dst)
+    bufs = [torch.empty_like(flat) for _ in range(1, link.size)]
+    requests = link.at("reduce", 0).start(recvs=[(b, src, None) for src, b in enumerate(bufs, 1)])
+    for request, buf in zip(requests, bufs):
+        request.wait()
+        reduce(flat, buf)
+    for request in link.at("broadcast", 0).start(sends=[(flat, dst, None) for dst in range(1, link.size)]):
+        request.wait()
 
 
 # ---- recursive halving-doubling (Rabenseifner) ----------------------------------------------
@@ -158,11 +155,12 @@ def halving_doubling(link, flat, reduce):
     rem = p - p2
     if r < 2 * rem:
         if r % 2 == 0:
-            link.at("fold-in", 0).isend(flat, r + 1)
-            link.flush()
+            link.at("fold-in", 0).send(flat, r + 1)
             link.at("fold-out", 0).recv(flat, r + 1)
             return
-        link.at("fold-in", 0).exchange_reduce(None, None, flat, r - 1, reduce)
+        theirs = torch.empty_like(flat)
+        link.at("fold-in", 0).recv(theirs, r - 1)
+        reduce(flat, theirs)
         nr = r // 2
     else:
         nr = r - rem
@@ -171,17 +169,18 @@ def halving_doubling(link, flat, reduce):
         return 2 * v + 1 if v < rem else v + rem
 
     off = split(flat.numel(), p2)
+    inbox = torch.empty(off[p2 // 2] if p2 > 1 else 0, dtype=flat.dtype, device=flat.device)
     lo, hi, mask, step = 0, p2, p2 >> 1, 0
     while mask:
         mid = (lo + hi) // 2
         keep, give = ((mid, hi), (lo, mid)) if nr & mask else ((lo, mid), (mid, hi))
-        peer = real(nr ^ mask)
-        link.at("reduce-scatter", step).exchange_reduce(flat[off[give[0]]:off[give[1]]], peer,
-                                                        flat[off[keep[0]]:off[keep[1]]], peer,
-                                                        reduce, give, keep)
+        peer, mine = real(nr ^ mask), flat[off[keep[0]]:off[keep[1]]]
+        incoming = inbox[:mine.numel()]
+        link.at("reduce-scatter", step).exchange(flat[off[give[0]]:off[give[1]]], peer, incoming,
+                                                 peer, give, keep)
+        reduce(mine, incoming)
         lo, hi = keep
         mask, step = mask >> 1, step + 1
-    link.flush()  # the all-gather overwrites the halves given away
     mask, step = 1, 0
     while mask < p2:
         width = hi - lo
@@ -192,7 +191,8 @@ def halving_doubling(link, flat, reduce):
         lo, hi = min(lo, theirs[0]), max(hi, theirs[1])
         mask, step = mask << 1, step + 1
     if r < 2 * rem:
-        link.at("fold-out", 0).isend(flat, r - 1)
+        link.at("fold-out", 0).send(flat, r - 1)
 
 
-ALGORITHMS = {"naive": naive, "tree": tree, "ring": ring, "halving_doubling": halving_doubling}
+ALGORITHMS = {"naive": naive, "tree": tree, "ring": ring, "halving_doubling": halving_doubling,
+              "ring_pipelined": ring_pipelined}

@@ -16,9 +16,18 @@ non-destination ranks' tensors unchanged and reduce_scatter its inputs. Any worl
 any tensor: empty, 0-d, non-contiguous (we work on a contiguous copy and copy back), on the
 CPU (gloo) or a GPU (NCCL; temporaries are made on the tensor's device).
 
+Reduce ops: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR on the dtypes gloo reduces, with
+gloo's results; what gloo refuses (bitwise ops on floats, AVG on integers, MIN on complex,
+int16, PREMUL_SUM) raises TypeError/ValueError on every rank before any message is sent.
+Every rank must pass as many elements: TORCH_DISTRIBUTED_DEBUG=DETAIL checks it (see
+_same_everywhere). Not supported: group=, async_op=, sparse tensors (TypeError).
+
 DIST_SGD_VERBOSE=1 prints every send and receive: `[rank r] send -> peer p chunk c (n bytes)`.
 The algorithms themselves live in allreduce.py.
 """
+import os
+import zlib
+
 import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
@@ -32,25 +41,68 @@ __all__ = ["broadcast", "reduce", "all_reduce", "all_gather", "gather", "scatter
            "reduce_scatter", "barrier", "ALL_REDUCE_ALGORITHMS", "ReduceOp"]
 
 
-# ---- checks: fail loudly, on this rank, before any message is sent ------------------------
+# ---- checks: fail loudly, on every rank alike, before any message is sent -------------------
 
-# In place, so a reduction allocates nothing (out= is torch.minimum's in-place form).
-# A list, not a dict: ReduceOp(ReduceOp.SUM) and ReduceOp.SUM compare equal but hash differently.
-_REDUCERS = [(ReduceOp.SUM, lambda acc, x: acc.add_(x)),
-             (ReduceOp.PRODUCT, lambda acc, x: acc.mul_(x)),
-             (ReduceOp.MIN, lambda acc, x: torch.minimum(acc, x, out=acc)),
-             (ReduceOp.MAX, lambda acc, x: torch.maximum(acc, x, out=acc))]
+# What gloo reduces (torch 2.14.1, tried on each): these dtypes; int16, uint16/32/64 and the
+# float8 types it refuses ("Invalid scalar type"). Ours refuses what gloo refuses.
+REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+             torch.complex128, torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool)
+
+# In place, so a reduction allocates nothing (out= is torch.minimum's in-place form). AVG
+# reduces like SUM; the caller divides by the world size at the end, as gloo does. On bool,
+# add_ is OR and mul_ is AND, which is what gloo gives. A list, not a dict:
+# ReduceOp(ReduceOp.SUM) and ReduceOp.SUM compare equal but hash differently.
+_REDUCERS = [("SUM", ReduceOp.SUM, lambda acc, x: acc.add_(x)),
+             ("AVG", ReduceOp.AVG, lambda acc, x: acc.add_(x)),
+             ("PRODUCT", ReduceOp.PRODUCT, lambda acc, x: acc.mul_(x)),
+             ("MIN", ReduceOp.MIN, lambda acc, x: torch.minimum(acc, x, out=acc)),
+             ("MAX", ReduceOp.MAX, lambda acc, x: torch.maximum(acc, x, out=acc)),
+             ("BAND", ReduceOp.BAND, lambda acc, x: acc.bitwise_and_(x)),
+             ("BOR", ReduceOp.BOR, lambda acc, x: acc.bitwise_or_(x)),
+             ("BXOR", ReduceOp.BXOR, lambda acc, x: acc.bitwise_xor_(x))]
+OP_NAMES = tuple(name for name, _, _ in _REDUCERS)
 
 
-def reducer(op):
-    """The in-place function acc <- op(acc, x) for a torch.distributed ReduceOp."""
+def _op_name(op):
     if isinstance(op, (ReduceOp, ReduceOp.RedOpType)):
-        for known, fn in _REDUCERS:
+        for name, known, _ in _REDUCERS:
             if op == known:
-                return fn
-    raise ValueError(f"op must be one of ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, "
-                     f"ReduceOp.MAX; got {op!r}")
+                return name
+    got = f"ReduceOp {op.op}" if isinstance(op, ReduceOp) else repr(op)  # repr has an address
+    raise ValueError(f"op must be one of {', '.join('ReduceOp.' + n for n in OP_NAMES)}; got "
+                     f"{got} (PREMUL_SUM is NCCL's only: gloo refuses it too)")
 
+
+def reducer(op, dtype=None):
+    """The in-place function acc <- op(acc, x) for a torch.distributed ReduceOp.
+
+    With a dtype, also check that op can reduce it, the way gloo decides (TypeError if not).
+    The check reads only (op, dtype), which every rank passes alike, so every rank refuses
+    alike, at every world size, before any message is sent: nobody is left waiting.
+    """
+    name = _op_name(op)
+    if dtype is not None:
+        if dtype not in REDUCIBLE:
+            raise TypeError(f"cannot reduce {dtype} tensors (gloo refuses them too); "
+                            f"reducible dtypes: {', '.join(str(d) for d in REDUCIBLE)}")
+        if dtype.is_complex and name not in ("SUM", "AVG"):
+            raise TypeError(f"ReduceOp.{name} is not defined on complex tensors ({dtype}); "
+                            "only SUM and AVG are (as in torch)")
+        if name in ("BAND", "BOR", "BXOR") and (dtype.is_floating_point or dtype.is_complex):
+            raise TypeError(f"ReduceOp.{name} is a bitwise op: it needs an integer or bool "
+                            f"tensor, got {dtype} (torch refuses it too)")
+        if name == "AVG" and not (dtype.is_floating_point or dtype.is_complex):
+            raise TypeError(f"ReduceOp.AVG needs a floating-point or complex tensor, got {dtype}: "
+                            "the average of integers is not an integer (torch fails on it too); "
+                            "use SUM and divide")
+    return next(fn for n, _, fn in _REDUCERS if n == name)
+
+
+def _finish(op, t, size):
+    """AVG is SUM divided by the world size, once, at the end (every rank divides the same
+    bytes by the same number, so ranks still agree bit for bit)."""
+    if _op_name(op) == "AVG":
+        t.div_(size)
 
 
 def _world():
@@ -63,6 +115,9 @@ def _world():
 def _check_tensor(t, name):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense tensor, got layout {t.layout} (sparse tensors "
+                        "are not supported; torch's gloo all_reduce has its own sparse path)")
 
 
 def _check_rank(value, name, size):
@@ -98,6 +153,28 @@ def _copy_back(t, flat):
         t.copy_(flat.view(t.shape))
 
 
+def _same_everywhere(what, tensor):
+    """With TORCH_DISTRIBUTED_DEBUG=DETAIL (torch's own switch for this), check that every
+    rank passed as many elements of the same dtype, and raise ValueError on every rank if not.
+
+    It costs one small all-gather per call, so it is off by default, as in torch. Without it
+    a mismatch is the caller's bug, as with torch's gloo: message sizes then differ between
+    sender and receiver, and gloo aborts the process ("Received data size doesn't match")
+    or a receive times out.
+    """
+    if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() != "DETAIL":
+        return
+    rank, size = dist.get_rank(), dist.get_world_size()
+    table = torch.zeros(size, 2, dtype=torch.int64, device=tensor.device)
+    table[rank, 0], table[rank, 1] = tensor.numel(), zlib.crc32(str(tensor.dtype).encode())
+    ring_all_gather(Link("check"), list(table))  # rows of a contiguous table: contiguous
+    if (table != table[0]).any():
+        seen = ", ".join(f"rank {r}: {n} elements" for r, n in enumerate(table[:, 0].tolist()))
+        raise ValueError(f"{what}: every rank must pass a tensor with as many elements of the "
+                         f"same dtype; got {seen}" + (" (and dtypes differ)" if
+                                                      (table[:, 1] != table[0, 1]).any() else ""))
+
+
 # ---- the collectives -----------------------------------------------------------------------
 
 @torch.no_grad()  # like torch's: never recorded by autograd, fine on parameters
@@ -106,10 +183,9 @@ def broadcast(tensor, src=0):
     _check_tensor(tensor, "tensor")
     rank, size = _world()
     _check_rank(src, "src", size)
+    _same_everywhere("broadcast", tensor)
     flat = _flat(tensor)
-    link = Link("broadcast")
-    tree_broadcast(link, flat, root=src)
-    link.flush()
+    tree_broadcast(Link("broadcast"), flat, root=src)
     if rank != src:
         _copy_back(tensor, flat)
 
@@ -121,14 +197,14 @@ def reduce(tensor, dst=0, op=ReduceOp.SUM):
     Only dst's tensor changes: inner tree nodes reduce into a copy of their own.
     """
     _check_tensor(tensor, "tensor")
-    fn = reducer(op)
+    fn = reducer(op, tensor.dtype)
     rank, size = _world()
     _check_rank(dst, "dst", size)
+    _same_everywhere("reduce", tensor)
     flat = _flat(tensor)
-    link = Link("reduce")
-    result = tree_reduce(link, flat, fn, root=dst, inplace=(rank == dst))
-    link.flush()
+    result = tree_reduce(Link("reduce"), flat, fn, root=dst, inplace=(rank == dst))
     if rank == dst:
+        _finish(op, result, size)
         _copy_back(tensor, result)
 
 
@@ -141,17 +217,17 @@ def all_reduce(tensor, op=ReduceOp.SUM, algorithm="ring", trace=None):
     {"algorithm", "phase", "step", "src", "dst", "chunk", "numel", "nbytes"}.
     """
     _check_tensor(tensor, "tensor")
-    fn = reducer(op)
+    fn = reducer(op, tensor.dtype)
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; "
                          f"choose one of {', '.join(ALL_REDUCE_ALGORITHMS)}")
     rank, size = _world()
-    if size == 1 or tensor.numel() == 0:
-        return  # nothing to combine; every rank sees the same size, so all return here
+    _same_everywhere("all_reduce", tensor)
+    if size == 1:
+        return  # nothing to combine (and AVG of one tensor is itself)
     flat = _flat(tensor)
-    link = Link(algorithm, trace)
-    ALGORITHMS[algorithm](link, flat, fn)
-    link.flush()  # every send done: the caller may now change the tensor
+    ALGORITHMS[algorithm](Link(algorithm, trace), flat, fn)
+    _finish(op, flat, size)
     _copy_back(tensor, flat)
 
 
@@ -162,15 +238,15 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM):
     The inputs stay unchanged: the ring reduces into one concatenated working copy.
     """
     _check_tensor(output, "output")
-    fn = reducer(op)
+    fn = reducer(op, output.dtype)
     rank, size = _world()
     _check_list(input_list, "input_list", output, size)
+    _same_everywhere("reduce_scatter", output)
     n = output.numel()
-    work = torch.cat([t.reshape(-1) for t in input_list]) if n else output.new_empty(0)
+    work = torch.cat([t.reshape(-1) for t in input_list])
     chunks = [work[i * n:(i + 1) * n] for i in range(size)]
-    link = Link("reduce_scatter")
-    ring_reduce_scatter(link, chunks, fn)
-    link.flush()
+    ring_reduce_scatter(Link("reduce_scatter"), chunks, fn)
+    _finish(op, chunks[rank], size)
     output.copy_(chunks[rank].view(output.shape))
 
 
@@ -181,11 +257,10 @@ def all_gather(tensor_list, tensor):
     _check_tensor(tensor, "tensor")
     rank, size = _world()
     _check_list(tensor_list, "tensor_list", tensor, size)
+    _same_everywhere("all_gather", tensor)
     chunks = [_flat(t) for t in tensor_list]
     chunks[rank].copy_(tensor.reshape(-1))
-    link = Link("all_gather")
-    ring_all_gather(link, chunks)
-    link.flush()
+    ring_all_gather(Link("all_gather"), chunks)
     for t, flat in zip(tensor_list, chunks):
         _copy_back(t, flat)
 
@@ -200,16 +275,15 @@ def gather(tensor, gather_list=None, dst=0):
     if rank != dst:
         if gather_list:
             raise ValueError("gather_list must be None (or empty) on non-destination ranks")
-        link.isend(_flat(tensor), dst, chunk=rank)
-        link.flush()
+        link.send(_flat(tensor), dst, chunk=rank)
         return
     _check_list(gather_list, "gather_list", tensor, size)
     flats = [_flat(t) for t in gather_list]
     # Post every receive at once: the senders' messages may arrive in any order.
-    works = [w for i in range(size) if i != rank for w in link.irecv(flats[i], i, chunk=i)]
+    requests = link.start(recvs=[(flats[i], i, i) for i in range(size) if i != rank])
     flats[rank].copy_(tensor.reshape(-1))
-    for work in works:
-        work.wait()
+    for request in requests:
+        request.wait()
     for t, flat in zip(gather_list, flats):
         _copy_back(t, flat)
 
@@ -230,11 +304,11 @@ def scatter(tensor, scatter_list=None, src=0):
         return
     _check_list(scatter_list, "scatter_list", tensor, size)
     pieces = [_flat(t) for t in scatter_list]  # kept alive until the sends are done
-    for i in range(size):
-        if i != rank:  # all at once: rank 2 need not wait until rank 1 has its piece
-            link.isend(pieces[i], i, chunk=i)
+    # All at once: rank 2 need not wait until rank 1 has its piece.
+    requests = link.start(sends=[(pieces[i], i, i) for i in range(size) if i != rank])
     tensor.copy_(scatter_list[rank])
-    link.flush()
+    for request in requests:
+        request.wait()
 
 
 @torch.no_grad()
@@ -251,4 +325,3 @@ def barrier():
     while dist_k < size:
         link.at("barrier", step).exchange(token, (rank + dist_k) % size, got, (rank - dist_k) % size)
         dist_k, step = dist_k * 2, step + 1
-    link.flush()

@@ -39,7 +39,8 @@ import math
 
 import numpy as np
 
-ALGORITHMS = ("naive", "tree", "ring", "halving_doubling", "parameter_server")
+ALGORITHMS = ("naive", "tree", "ring", "halving_doubling", "parameter_server",
+              "ring_pipelined")  # the ring with segments in flight: the ring's messages and bytes
 
 
 def _check_world_size(world_size):
@@ -60,7 +61,7 @@ def coefficients(algorithm, world_size):
     if algorithm == "tree":
         rounds = math.ceil(math.log2(p))
         return 2.0 * rounds, 2.0 * rounds, float(rounds)
-    if algorithm == "ring":
+    if algorithm in ("ring", "ring_pipelined"):
         return 2.0 * (p - 1), 2.0 * (p - 1) / p, (p - 1) / p
     if algorithm == "halving_doubling":
         q = 1 << (p.bit_length() - 1)  # largest power of two <= p

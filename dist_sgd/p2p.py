@@ -1,47 +1,16 @@
-"""Point-to-point messages: passing tensors around a ring, and timing a ping-pong.
+"""Point-to-point timing: a ping-pong between ranks 0 and 1, measured carefully.
 
-    received = ring_shift(t)                  # send t to rank+1, get rank-1's tensor back
-    received = ring_shift(t, blocking=False)  # the same with isend/irecv + wait()
     rows = ping_pong([8, 1024, 2**20])        # ranks 0 and 1 bounce messages; all ranks get rows
 
-Blocking send/recv return when the message is handed over (send) or has arrived (recv), so
-their order matters: if every rank first sends and the transport needs the receiver to be
-ready (large messages, or NCCL), every rank waits for a receive that nobody has posted yet:
-a deadlock. ring_shift avoids it the classic way: even ranks send first, odd ranks receive
-first. isend/irecv only *start* the transfer and return a request; `wait()` on it finishes
-it. Until then the buffers belong to the transport: reading a receive buffer shows old (or
-half-written) data, and writing a send buffer may change what is sent.
+Lesson 02 writes send/recv, isend/irecv and a ping-pong by hand; this is the same ping-pong
+made into a measurement (interleaved sizes, medians, a check that the bytes came back
+unchanged), reused by lesson 04 and the benchmark.
 """
 import torch
 import torch.distributed as dist
 
 from dist_sgd.launch import device
 from dist_sgd.timing import summarize, time_alternating
-
-
-def ring_shift(tensor, blocking=True):
-    """Send `tensor` to the next rank, return (a new tensor) what the previous rank sent.
-
-    Every rank must call it with a tensor of the same shape and dtype. With one rank the
-    ring is just this rank, and the result is a copy of `tensor`.
-    """
-    rank, size = dist.get_rank(), dist.get_world_size()
-    received = torch.empty_like(tensor)
-    if size == 1:
-        return received.copy_(tensor)
-    right, left = (rank + 1) % size, (rank - 1) % size
-    if not blocking:
-        # Both transfers are in flight at once, so the order of the two calls does not matter.
-        requests = [dist.isend(tensor, right), dist.irecv(received, left)]
-        for request in requests:
-            request.wait()
-    elif rank % 2 == 0:  # even ranks talk first, odd ranks listen first. With an odd ring,
-        dist.send(tensor, right)  # the last rank and rank 0 are both even, which is fine:
-        dist.recv(received, left)  # rank 1 takes rank 0's message, so rank 0 goes on to
-    else:  # receive from the last rank, whose send then completes.
-        dist.recv(received, left)
-        dist.send(tensor, right)
-    return received
 
 
 def ping_pong(sizes_bytes, repeats=10, warmup=2, min_sample_seconds=5e-3):
