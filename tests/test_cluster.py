@@ -4,6 +4,7 @@ a 2-node torchrun all-reduce equal to the single-machine sum, and a lesson run a
 Building namespaces needs root; without it every test here skips and says so.
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -165,6 +166,8 @@ def test_a_lesson_runs_across_nodes():
         "RANK=$NODE_RANK WORLD_SIZE=$NNODES python3 lessons/03_collectives.py --quick",
         timeout=180)
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    assert "[node 0] all collectives match torch: max difference 0" in out, out[-3000:]
+    checks = re.findall(r"\[node 0\] .*max difference (\S+) \(tolerance (\S+)\)", out)
+    assert len(checks) >= 5, out[-3000:]  # the lesson's checks, made on node 0, all kept
+    assert all(float(d) <= float(t) for d, t in checks), checks
     assert "Traceback" not in out + err
     assert made_by(proc.pid) == []

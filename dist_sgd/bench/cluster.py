@@ -274,7 +274,7 @@ def draw():
     rate = cluster.parse_rate(RATE) / 8
     parts = _by_part(rows)
     alpha, beta = fit(rows)
-    fig, axes = plots.figure(3)
+    fig, axes = plots.figure(3, height=4.8)
     ax_pp, ax_ar, ax_st = axes[0]
 
     pp = parts["ping-pong"]
@@ -286,10 +286,11 @@ def draw():
                      "\n(fitted to <= 4 KiB and >= 1 MiB: tbf's bucket speeds up the middle)")
     ax_pp.axhline(rate * 8 / 1e9, color="gray", ls=":", label=f"link rate ({RATE}/s)")
     plots.bytes_axis(ax_pp)
+    ax_pp.set_yscale("log")
     ax_pp.set_xlabel("message size")
     ax_pp.set_ylabel("one-way bandwidth (Gbit/s)")
     ax_pp.set_title("ping-pong between the 2 nodes")
-    ax_pp.legend(fontsize=8)
+    ax_pp.legend(fontsize=7.5, loc="upper left")
 
     colors = {"gloo": "tab:red", "our ring": "tab:blue", "ring, isend before recv": "tab:gray",
               "ring, irecv before isend": "tab:green"}
@@ -304,7 +305,7 @@ def draw():
     ax_ar.set_xlabel("all-reduce size")
     ax_ar.set_ylabel("bus bandwidth (Gbit/s)")
     ax_ar.set_title("all-reduce across 2 nodes")
-    ax_ar.legend(fontsize=8)
+    ax_ar.legend(fontsize=8, loc="lower right")
 
     st = [r for r in parts["BigNet step"] if r["name"] != "forward only"]
     pred = predictions(rows)
@@ -323,7 +324,10 @@ def draw():
     ax_st.set_xlabel(f"ms per step (BigNet, {BATCH} samples per node)")
     ax_st.set_title("one training step, 2 nodes")
     ax_st.legend(fontsize=8)
-    path = plots.finish(fig, NAME, f"Two nodes on a {RATE}/s link (network namespaces, tbf)", facts,
+    for ax in (ax_pp, ax_ar):
+        ax.tick_params(axis="x", labelrotation=45, labelsize=8)
+    title = f"Two nodes on a {cluster.parse_rate(RATE) / 1e9:g} Gbit/s link (network namespaces, tbf)"
+    path = plots.finish(fig, NAME, title, facts,
                         note="medians of alternated samples; whiskers min-max; DDPs with 1 MiB "
                              "buckets; prediction = alpha-beta fit of the ping-pong")
     return [path]
