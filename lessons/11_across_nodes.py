@@ -143,7 +143,7 @@ def report(out, rate_bits, p):
         log("   " + check(f"all-reduce over {p} ranks, {name}, vs the single-machine sum", diff, 1e-5))
     log("\n3. One training step of BigNet (median ms; DDPs with 1 MiB buckets):")
     st = {k: summarize(v)["median"] for k, v in out["steps"].items()}
-    for name, s in st.items():
+    for name, s in ((n, s) for n, s in st.items() if n != "forward only"):  # forward: in 4.
         log(f"   {name:20s} {s * 1e3:7.1f} ms   {st['average_gradients'] / s:4.2f}x the speed of average_gradients")
     for name, diff in out["grad diffs"].items():
         log("   " + check(f"gradients, {name} vs torch DDP", diff, 1e-6))
@@ -163,8 +163,9 @@ def recorded(why, args):
     with open(os.path.join(os.path.dirname(__file__), "..", "figures", "cluster.csv"), newline="") as f:
         log(f"No cluster here: {why}\nWhat `python -m dist_sgd.bench cluster` recorded on "
             f"{f.readline().lstrip('# ').strip()}:")
-        for row in csv.DictReader(f):
-            log("   " + ", ".join(f"{k} {v}" for k, v in row.items() if v))
+        for row in csv.DictReader(f):  # part, name, bytes, seconds (median), min, max, max_diff
+            log(f"   {row['part']:12s} {row['name']:25s}" + (f"{int(row['bytes']) / MiB:8.2f} MiB "
+                f"{float(row['seconds']) * 1e3:8.2f} ms" if row["seconds"] else ""))
     log("\nThe same measurements here, over loopback, for comparison:")
     report(launch(on_the_link, args.world_size, True, backend="gloo")[0], None, args.world_size)
 
