@@ -171,3 +171,11 @@ def test_a_lesson_runs_across_nodes():
     assert all(float(d) <= float(t) for d, t in checks), checks
     assert "Traceback" not in out + err
     assert made_by(proc.pid) == []
+
+
+def test_variables_in_a_command_list_are_replaced_per_node():
+    c = cluster.Cluster(3)  # nothing is built before `with` (or .up())
+    argv = c.argv(2, ["echo", "$NODE_RANK", "${NNODES}", "$MASTER_ADDR:$MASTER_PORT", "$HOME"])
+    assert argv[-5:] == ["echo", "2", "3", f"{c.master_addr}:{c.master_port}", "$HOME"]
+    assert argv[:4] == ["ip", "netns", "exec", c.netns[2]]
+    assert cluster.Cluster(3).netns == c.netns  # names come from the pid: one run, one set
