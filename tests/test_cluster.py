@@ -179,3 +179,40 @@ def test_variables_in_a_command_list_are_replaced_per_node():
     assert argv[-5:] == ["echo", "2", "3", f"{c.master_addr}:{c.master_port}", "$HOME"]
     assert argv[:4] == ["ip", "netns", "exec", c.netns[2]]
     assert cluster.Cluster(3).netns == c.netns  # names come from the pid: one run, one set
+
+
+def test_bench_reports_the_targets_from_a_csv(tmp_path, monkeypatch, capsys):
+    """`python -m dist_sgd.bench cluster`'s report and figure, from exact model data (no root)."""
+    from dist_sgd.bench import cluster as bench, common
+
+    monkeypatch.setattr(common, "FIGURES_DIR", str(tmp_path))
+    alpha, beta, MiB = 100e-6, 8 / 1e9, 2 ** 20  # 1 Gbit/s exactly
+
+    def row(part, name, nbytes, seconds, diff=""):
+        return {"part": part, "name": name, "bytes": nbytes, "seconds": seconds, "min": 0.9 * seconds,
+                "max": 1.1 * seconds, "max_diff": diff}
+
+    rows = [row("ping-pong", "one way", n, alpha + beta * n) for n in (1024, 4096, 2 ** 17, MiB, 4 * MiB)]
+    for m in (1, 4, 16):
+        gloo = m * MiB * beta / 0.9  # bus bandwidth 90% of the link
+        rows += [row("all-reduce", "gloo", m * MiB, gloo, 0.0),
+                 row("all-reduce", "our ring", m * MiB, 1.02 * gloo, 0.0),
+                 row("all-reduce", "ring, isend before recv", m * MiB, 2 * gloo, 0.0),
+                 row("all-reduce", "ring, irecv before isend", m * MiB, gloo, 0.0)]
+    steps = {"no communication": 0.030, "forward only": 0.010, "average_gradients": 0.070,
+             "per-parameter hooks": 0.060, "our DDP": 0.050, "torch DDP": 0.049}
+    rows += [row("BigNet step", n, 4 * 1_199_882, s, 0.0 if "DDP" in n or "_" in n else "")
+             for n, s in steps.items()]
+    rows.append({"part": "left behind", "name": "nothing", "bytes": "", "seconds": "", "min": "",
+                 "max": "", "max_diff": ""})
+    common.write_csv("cluster", rows, facts="2 cores (test), no GPU")
+    paths = bench.draw()
+    out = capsys.readouterr().out
+    assert os.path.getsize(paths[0]) > 10_000
+    assert "alpha = 100 us, 1/beta = 1.000 Gbit/s (100% of the link's rate)" in out, out
+    assert "gloo bus bandwidth at >= 4 MiB: 90%" in out, out
+    assert "our ring / gloo at >= 1 MiB: 1.02x" in out, out
+    assert "vs average_gradients: 1.40x faster" in out, out
+    # predicted: 30 ms + 2 alpha + n beta = 68.6 ms (no overlap); 10 + max(20, 38.6) = 48.6 ms
+    assert "average_gradients -2%, our DDP -3%" in out, out
+    assert "left behind after the run: nothing" in out
