@@ -195,7 +195,7 @@ def main():
                __file__, "--in-node", "--rate", args.rate] + (["--quick"] if args.quick else [])
         log(f"{c.n} nodes {', '.join(c.addresses)} on one bridge, every link {args.rate}; each "
             f"runs:\n   {' '.join(cmd)}\n   (measuring; node 0 reports)")
-        c.run(cmd)
+        c.run(cmd, timeout=1200)  # launch() times out a silent peer long before
 
 
 if __name__ == "__main__":

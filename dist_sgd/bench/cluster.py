@@ -138,7 +138,7 @@ def measure(quick=False):
         # One rank per node, one thread: what torchrun --nproc-per-node 1 would set.
         cmd = ["env", "RANK=$NODE_RANK", "WORLD_SIZE=$NNODES", "OMP_NUM_THREADS=1", sys.executable,
                "-m", "dist_sgd.bench.cluster", "--node", out_path]
-        c.run(cmd + (["--quick"] if quick else []))
+        c.run(cmd + (["--quick"] if quick else []), timeout=1800)
     left = [n for n in cluster.ours() if n in names] + sorted(set(_links()) - set(links_before))
     with open(out_path, "rb") as f:
         out = pickle.load(f)
