@@ -78,17 +78,18 @@ def test_a_failing_node_is_named_and_everything_is_removed():
 
 
 @needs_root
-def test_sigterm_of_the_command_removes_everything():
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_stopping_the_command_removes_everything(sig):
     cmd = [sys.executable, "-m", "dist_sgd.cluster", "--nodes", "2", "--", "sleep", "60"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert "running: sleep 60" in proc.stdout.readline()  # printed once the nodes exist
     time.sleep(0.5)  # the nodes' sleeps have started
     assert len(made_by(proc.pid)) >= 3  # switch + 2 nodes exist now
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode != 0
-    assert "SIGTERM" in err and "namespaces removed" in err, err
+    assert "every node stopped, namespaces removed" in err, err
     assert made_by(proc.pid) == []
 
 
