@@ -282,15 +282,15 @@ def draw():
     ax_pp.plot(n, [r["bytes"] / r["seconds"] * 8 / 1e9 for r in pp], "o-", label="measured (median)")
     fine = torch.logspace(10, 24, 100, base=2).tolist()
     ax_pp.plot(fine, [b / (alpha + beta * b) * 8 / 1e9 for b in fine], "--", color="black",
-               label=f"alpha + n*beta: alpha = {alpha * 1e6:.0f} us, 1/beta = {8 / beta / 1e9:.2f} Gbit/s"
-                     "\n(fitted to <= 4 KiB and >= 1 MiB: tbf's bucket speeds up the middle)")
+               label=f"fit: alpha = {alpha * 1e6:.0f} us,\n1/beta = {8 / beta / 1e9:.2f} Gbit/s "
+                     "(on <= 4 KiB, >= 1 MiB;\ntbf's bucket speeds up the middle)")
     ax_pp.axhline(rate * 8 / 1e9, color="gray", ls=":", label=f"link rate ({RATE}/s)")
     plots.bytes_axis(ax_pp)
     ax_pp.set_yscale("log")
     ax_pp.set_xlabel("message size")
     ax_pp.set_ylabel("one-way bandwidth (Gbit/s)")
     ax_pp.set_title("ping-pong between the 2 nodes")
-    ax_pp.legend(fontsize=7.5, loc="upper left")
+    ax_pp.legend(fontsize=7, loc="lower right")
 
     colors = {"gloo": "tab:red", "our ring": "tab:blue", "ring, isend before recv": "tab:gray",
               "ring, irecv before isend": "tab:green"}
