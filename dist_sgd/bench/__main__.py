@@ -34,6 +34,7 @@ MEASUREMENTS = {
     "breakdown": "figure 4: where a step's time goes (compute, communication, waiting)",
     "ddp": "figure 5 and more: our DDP vs torch DDP, bucket sweep, backward timeline",
     "comparison": "lesson 09 --save-figures: every way to train side by side (loss, time, memory)",
+    "cluster": "lesson 11: 2 nodes on a 1 Gbit/s link (needs root; skips otherwise)",
     "atscale": "figure 6: the cost model at 1..1024 workers vs published results",
 }
 

@@ -1,0 +1,431 @@
+"""Several "nodes" on one machine: network namespaces joined by a switch, links of a chosen speed.
+
+    sudo python -m dist_sgd.cluster --nodes 2 --rate 1gbit -- \\
+        'torchrun --nnodes $NNODES --node-rank $NODE_RANK --nproc-per-node 1 \\
+                  --master-addr $MASTER_ADDR --master-port $MASTER_PORT lessons/07_ddp_from_scratch.py'
+
+    with Cluster(2, rate="1gbit") as cluster:          # the same from Python
+        cluster.run([sys.executable, "train.py"])      # once in every node; raises if one fails
+
+On one machine the "network" between processes is the CPU copying bytes through loopback: no
+link to saturate, nothing to overlap. A Linux network namespace gives a process its own network
+stack (interfaces, addresses, routes, ports), which is what a separate machine looks like from
+the network's side. This module builds a small cluster out of them:
+
+    node 0 (netns) eth0 10.a.b.1 --veth-- port0 \\
+    node 1 (netns) eth0 10.a.b.2 --veth-- port1  >- br0, a bridge in its own "switch" netns
+    ...                                         /
+
+Each node's eth0 sends through a token-bucket filter (`tc qdisc ... tbf rate RATE`), and so does
+the switch port towards it: every node has a RATE link in each direction, like a switch port. The
+nodes share the machine's files and CPUs (so one checkout serves every node) but not its network:
+they reach each other and nothing else (no default route, no NAT, no address outside this run;
+the host's own interfaces are never touched). Each node also gets its own hostname (node0, ...)
+and an /etc/hosts naming every node, so torchrun's c10d rendezvous finds its host node as on a
+real cluster.
+
+The command runs once per node with NODE_RANK, NNODES, MASTER_ADDR (node 0's address),
+MASTER_PORT and GLOO_SOCKET_IFNAME=eth0 set; `$NODE_RANK` (etc.) inside its arguments are
+replaced per node, and a command given as one string runs through `sh -c`. Output is streamed,
+each line prefixed `[node i]`. The exit code is non-zero when a node fails, which is named.
+Everything made (namespaces, veth links, bridge, qdiscs, /etc/netns/<name>) is removed at the end,
+also after Ctrl-C, SIGTERM or a failing node; `--cleanup` removes what a SIGKILLed run left.
+Names carry the pid (dsgd<pid>n0, ...) and the subnet is derived from it, so runs never collide.
+Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2's `ip` and `tc`.
+"""
+import argparse
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+PREFIX = "dsgd"  # every namespace this module makes is named dsgd<pid>n<i> or dsgd<pid>sw
+IFNAME = "eth0"  # each node's interface (names are per namespace: no clash with the host's)
+NETNS_ETC = "/etc/netns"  # `ip netns exec NAME` bind-mounts /etc/netns/NAME/* over /etc/*
+_RATE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?)(bit|bps)?\s*$", re.IGNORECASE)
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be built, or a node failed (`.nodes` lists which)."""
+
+    def __init__(self, message, nodes=()):
+        super().__init__(message)
+        self.nodes = list(nodes)
+
+
+def parse_rate(rate):
+    """'1gbit' -> 1e9 bits/s ('100mbit', '500kbit', '2.5gbit'; tc's 'mbps' means megabytes/s)."""
+    m = _RATE.match(str(rate))
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"rate must look like 1gbit, 100mbit or 500kbit, got {rate!r}")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
+    bits = float(m.group(1)) * scale * (8 if (m.group(3) or "").lower() == "bps" else 1)
+    return bits
+
+
+def _sh(*argv, check=True):
+    """Run one ip/tc command; raise ClusterError with its own error message when it fails."""
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise ClusterError(f"`{' '.join(argv)}` failed: {proc.stderr.strip() or proc.returncode}")
+    return proc
+
+
+def privilege_problem():
+    """None when namespaces can be made here, else one sentence saying what is missing."""
+    missing = [tool for tool in ("ip", "tc", "unshare") if shutil.which(tool) is None]
+    if missing:
+        return (f"dist_sgd.cluster needs iproute2's `ip` and `tc` and util-linux's `unshare`; "
+                f"missing: {', '.join(missing)}.")
+    probe = f"{PREFIX}{os.getpid()}probe"
+    made = _sh("ip", "netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return ("dist_sgd.cluster needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) to create network "
+                "namespaces: run it with sudo, or in a container started with --privileged "
+                f"(ip netns add said: {made.stderr.strip()}).")
+    _sh("ip", "netns", "del", probe, check=False)
+    return None
+
+
+def ours():
+    """Names of the namespaces any run of this module made that still exist."""
+    out = _sh("ip", "netns", "list", check=False).stdout
+    names = [line.split()[0] for line in out.splitlines() if line.strip()]
+    return [n for n in names if re.fullmatch(PREFIX + r"\d+(n\d+|sw|probe)", n)]
+
+
+def cleanup_stale():
+    """Remove what runs killed with SIGKILL left behind (their pid is gone). Returns the names."""
+    removed = []
+    for name in ours():
+        pid = int(re.match(PREFIX + r"(\d+)", name).group(1))
+        if pid != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+            _remove_netns(name)
+            removed.append(name)
+    return removed
+
+
+def _remove_netns(name):
+    # Processes still inside keep a namespace (and its links) alive after its name is gone.
+    pids = _sh("ip", "netns", "pids", name, check=False).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    _sh("ip", "netns", "del", name, check=False)  # veth ends go with it; the peer end too
+    shutil.rmtree(os.path.join(NETNS_ETC, name), ignore_errors=True)
+
+
+class Cluster:
+    """N network-namespace nodes behind one bridge, each link shaped to `rate` (None: unshaped).
+
+    A context manager: `with Cluster(2, "1gbit") as c:` builds it, the end of the block removes
+    every namespace, link, qdisc and file it made, whatever happened inside.
+    """
+
+    def __init__(self, nodes, rate=None, mtu=1500, burst=None):
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 250:
+            raise ValueError(f"nodes must be a whole number from 1 to 250, got {nodes!r}")
+        self.n, self.mtu = nodes, mtu
+        self.rate_bits = None if rate is None else parse_rate(rate)
+        self.rate, self.burst = rate, burst
+        pid = os.getpid()
+        self.run_id = f"{PREFIX}{pid}"
+        # A subnet per run (10.x.y.0/24 from the pid): no two live runs share one. They could
+        # not meet anyway (separate switches), but distinct addresses keep logs unambiguous.
+        self.subnet = f"10.{100 + (pid >> 8) % 150}.{pid % 256}"
+        self.netns = [f"{self.run_id}n{i}" for i in range(nodes)]
+        self.switch = f"{self.run_id}sw"
+        self.addresses = [f"{self.subnet}.{i + 1}" for i in range(nodes)]
+        self.hostnames = [f"node{i}" for i in range(nodes)]
+        # The namespaces are new and empty, so any port is free in node 0; this range stays
+        # clear of the ephemeral ports (32768+) that the nodes' own connections will use.
+        self.master_port = random.randint(20000, 32000)
+        self._made = []
+        self._old_handlers = {}
+
+    @property
+    def master_addr(self):
+        return self.addresses[0]
+
+    # -- building and removing -------------------------------------------------------------
+    def __enter__(self):
+        self.up()
+        return self
+
+    def __exit__(self, *exc):
+        self.down()
+
+    def up(self):
+        problem = privilege_problem()
+        if problem:
+            raise ClusterError(problem)
+        cleanup_stale()
+        self._catch_sigterm()
+        try:
+            self._build()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _build(self):
+        for name in [self.switch] + self.netns:
+            _sh("ip", "netns", "add", name)
+            self._made.append(name)
+        sw = self.switch
+        _sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
+        _sh("ip", "-n", sw, "link", "set", "br0", "up")
+        # IPv4 and its IPv6-mapped form (how a dual-stack listener sees its peers).
+        hosts = "127.0.0.1 localhost\n" + "".join(
+            f"{a} {h}\n::ffff:{a} {h}\n" for a, h in zip(self.addresses, self.hostnames))
+        for i, ns in enumerate(self.netns):
+            port = f"port{i}"
+            # One veth pair, made directly inside the two namespaces: nothing in the host's.
+            _sh("ip", "link", "add", IFNAME, "netns", ns, "mtu", str(self.mtu), "type", "veth",
+                "peer", "name", port, "netns", sw, "mtu", str(self.mtu))
+            _sh("ip", "-n", sw, "link", "set", port, "master", "br0", "up")
+            _sh("ip", "-n", ns, "addr", "add", f"{self.addresses[i]}/24", "dev", IFNAME)
+            _sh("ip", "-n", ns, "link", "set", IFNAME, "up")
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+            if self.rate_bits:
+                self._shape(ns, IFNAME)  # the node's uplink
+                self._shape(sw, port)  # the switch port towards it: the downlink
+            etc = os.path.join(NETNS_ETC, ns)
+            os.makedirs(etc, exist_ok=True)
+            with open(os.path.join(etc, "hosts"), "w") as f:
+                f.write(hosts)
+
+    def _shape(self, ns, dev):
+        """tbf: tokens arrive at `rate`; a packet leaves only with tokens for its bytes."""
+        byte_rate = self.rate_bits / 8
+        # The bucket: 1 ms of tokens, at least 128 KiB. Smaller buckets cut the veth's 64 KiB
+        # (GSO) packets and TCP loses rate (measured: 65 % of 1 Gbit/s at 64 KiB); a bigger
+        # one lets longer bursts pass faster than the link. The queue holds 20 ms of data
+        # before tbf drops (TCP then slows down).
+        burst = self.burst or int(max(byte_rate * 0.001, 128 * 1024))
+        _sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
+            "rate", f"{int(self.rate_bits)}bit", "burst", str(burst), "latency", "20ms")
+
+    def down(self):
+        """Remove every namespace (with its links and qdiscs) and file this cluster made."""
+        for name in reversed(self._made):
+            _remove_netns(name)
+        self._made = []
+        self._restore_sigterm()
+
+    def _catch_sigterm(self):
+        # SIGTERM would end Python without running __exit__ (nothing removed): make it an
+        # exception instead, so the `with` block unwinds. Only the main thread may do this.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                self._old_handlers[sig] = signal.signal(sig, _raise_interrupt)
+
+    def _restore_sigterm(self):
+        for sig, old in self._old_handlers.items():
+            signal.signal(sig, old)
+        self._old_handlers = {}
+
+    # -- running ---------------------------------------------------------------------------
+    def env(self, rank):
+        """The variables a node's command sees (what a cluster scheduler would set)."""
+        return {"NODE_RANK": str(rank), "NNODES": str(self.n), "MASTER_ADDR": self.master_addr,
+                "MASTER_PORT": str(self.master_port), "GLOO_SOCKET_IFNAME": IFNAME,
+                "TP_SOCKET_IFNAME": IFNAME}
+
+    def argv(self, rank, cmd):
+        """The command line that runs `cmd` inside node `rank` (its netns, its own hostname)."""
+        env = self.env(rank)
+        if isinstance(cmd, str):
+            cmd = ["sh", "-c", cmd]  # the shell expands $NODE_RANK itself
+        else:
+            cmd = [re.sub(r"\$\{?(" + "|".join(env) + r")\}?", lambda m: env[m.group(1)], a)
+                   for a in cmd]
+        # unshare --uts: a hostname of its own (node0, ...), which /etc/hosts resolves to the
+        # node's address, as on a real machine; `ip netns exec` mounts that /etc/hosts.
+        return ["ip", "netns", "exec", self.netns[rank], "unshare", "--uts", "--", "sh", "-c",
+                'hostname "$0" && exec "$@"', self.hostnames[rank], *cmd]
+
+    def run(self, cmd, env=None, output=None, timeout=None, grace=3.0, check=True):
+        """Run `cmd` (a list, or a string for sh -c) once in every node; return the exit codes.
+
+        Output lines are streamed to `output` (default sys.stdout) prefixed `[node i]`. When a
+        node fails, the others get `grace` seconds to finish (they usually fail right after it,
+        their peer gone), then are stopped. With check=True a failure raises ClusterError
+        naming the node that failed first.
+        """
+        output = output or sys.stdout
+        lock, procs, readers = threading.Lock(), [], []
+        try:
+            for rank in range(self.n):
+                proc = subprocess.Popen(
+                    self.argv(rank, cmd), env=dict(os.environ, **(env or {}), **self.env(rank)),
+                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    start_new_session=True)  # its own process group: we stop it as a whole
+                procs.append(proc)
+                reader = threading.Thread(target=_stream, args=(proc.stdout, rank, output, lock),
+                                          daemon=True)
+                reader.start()
+                readers.append(reader)
+            codes, order = self._wait(procs, timeout, grace)
+        finally:
+            _stop(procs, self.netns)
+            for reader in readers:
+                reader.join(timeout=5)
+        self.order = order  # the order nodes ended in: the first failure is the likely cause
+        failed = [r for r in order if codes[r] != 0]
+        if failed and check:
+            raise ClusterError(_failure_message(codes, order), failed)
+        return codes
+
+    def _wait(self, procs, timeout, grace):
+        start, deadline, order = time.monotonic(), None, []
+        codes = [None] * len(procs)
+        while None in codes:
+            for r, p in enumerate(procs):
+                if codes[r] is None and p.poll() is not None:
+                    codes[r] = p.returncode
+                    order.append(r)
+                    if p.returncode != 0 and deadline is None:
+                        deadline = time.monotonic() + grace
+            now = time.monotonic()
+            if (deadline is not None and now > deadline) or (timeout and now - start > timeout):
+                why = "stopped after the timeout" if deadline is None else "stopped after a failure"
+                for r in range(len(procs)):
+                    if codes[r] is None:
+                        codes[r] = f"still running ({why})"
+                        order.append(r)
+                break
+            time.sleep(0.05)
+        return codes, order
+
+
+class _Interrupted(KeyboardInterrupt):
+    pass
+
+
+def _raise_interrupt(signum, _frame):
+    raise _Interrupted(f"stopped by signal {signal.Signals(signum).name}")
+
+
+def _stream(pipe, rank, output, lock):
+    for raw in iter(pipe.readline, b""):
+        line = raw.decode(errors="replace").rstrip("\n")
+        with lock:
+            output.write(f"[node {rank}] {line}\n")
+            output.flush()
+    pipe.close()
+
+
+def _stop(procs, netns):
+    """End every node's process group: SIGTERM, then SIGKILL; then whatever is left inside."""
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+        _signal_group(p, signal.SIGTERM)
+    end = time.monotonic() + 5
+    for p in alive:
+        try:
+            p.wait(timeout=max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(p, signal.SIGKILL)
+            p.wait()
+    for p in procs:  # a process that left the group (e.g. a daemon) still sits in the netns
+        _signal_group(p, signal.SIGKILL)
+    for ns in netns:
+        for pid in _sh("ip", "netns", "pids", ns, check=False).stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+
+
+def _signal_group(proc, sig):
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _failure_message(codes, order):
+    def how(code):
+        if isinstance(code, str):
+            return code
+        return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+    failed = [r for r in order if codes[r] != 0]
+    lines = [f"node {failed[0]} failed first ({how(codes[failed[0]])})"]
+    lines += [f"node {r} also failed, probably as a consequence ({how(codes[r])})"
+              for r in failed[1:]]
+    return "; ".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m dist_sgd.cluster", description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  python -m dist_sgd.cluster --nodes 2 --rate 1gbit -- "
+               "'torchrun --nnodes $NNODES --node-rank $NODE_RANK --nproc-per-node 1 "
+               "--master-addr $MASTER_ADDR --master-port $MASTER_PORT lessons/03_collectives.py'")
+    parser.add_argument("--nodes", type=int, default=2, help="how many nodes (default 2)")
+    parser.add_argument("--rate", default=None,
+                        help="each link's speed, e.g. 1gbit, 100mbit (default: unshaped)")
+    parser.add_argument("--timeout", type=float, default=None, help="stop after this many seconds")
+    parser.add_argument("--cleanup", action="store_true",
+                        help="remove what killed (SIGKILL) runs left behind, then exit")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER,
+                        help="after --: the command every node runs (one string: through sh -c)")
+    args = parser.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if args.cleanup:
+        problem = privilege_problem()
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
+        removed = cleanup_stale()
+        print(f"removed {len(removed)} namespace(s) left behind" + (": " + ", ".join(removed) if removed else ""))
+        return 0
+    if not cmd:
+        parser.error("give the command to run after --")
+    if len(cmd) == 1 and " " in cmd[0]:
+        cmd = cmd[0]  # one string: the shell splits it and expands $NODE_RANK per node
+    try:
+        rate = args.rate and f"{parse_rate(args.rate):.0f}"
+        cluster = Cluster(args.nodes, args.rate)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        with cluster:
+            shown = cmd if isinstance(cmd, str) else shlex.join(cmd)
+            print(f"[cluster] {args.nodes} node(s) {', '.join(cluster.addresses)} on a bridge, "
+                  f"links {'at ' + args.rate + f' ({int(rate) / 1e6:g} Mbit/s)' if rate else 'unshaped'}; "
+                  f"MASTER_ADDR={cluster.master_addr} MASTER_PORT={cluster.master_port}; "
+                  f"running: {shown}", flush=True)
+            codes = cluster.run(cmd, timeout=args.timeout, check=False)
+    except ClusterError as e:
+        print(f"[cluster] {e}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt as e:
+        print(f"[cluster] {e or 'interrupted'}; every node stopped, namespaces removed",
+              file=sys.stderr, flush=True)
+        return 130
+    order = cluster.order
+    if any(c != 0 for c in codes):
+        print(f"[cluster] {_failure_message(codes, order)}; namespaces removed", file=sys.stderr,
+              flush=True)
+        first = codes[next(r for r in order if codes[r] != 0)]
+        return first if isinstance(first, int) and 0 < first < 256 else 1
+    print("[cluster] every node finished; namespaces removed", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

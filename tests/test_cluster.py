@@ -1,0 +1,218 @@
+"""dist_sgd.cluster: nodes built and removed (also when a node fails or the command is killed),
+a 2-node torchrun all-reduce equal to the single-machine sum, and a lesson run across nodes.
+
+Building namespaces needs root; without it every test here skips and says so.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from dist_sgd import cluster
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROBLEM = cluster.privilege_problem() if sys.platform.startswith("linux") else "Linux only"
+needs_root = pytest.mark.skipif(PROBLEM is not None, reason=f"no cluster here: {PROBLEM}")
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+           OMP_NUM_THREADS="1")
+
+
+def host_links():
+    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    return sorted(line.split(":")[1].strip() for line in out.splitlines())
+
+
+def made_by(pid):
+    """Namespaces and /etc/netns entries a run with this pid made that still exist."""
+    left = [n for n in cluster.ours() if n.startswith(f"{cluster.PREFIX}{pid}")]
+    if os.path.isdir(cluster.NETNS_ETC):
+        left += [n for n in os.listdir(cluster.NETNS_ETC) if n.startswith(f"{cluster.PREFIX}{pid}")]
+    return left
+
+
+def run_cli(*args, timeout=60):
+    cmd = [sys.executable, "-m", "dist_sgd.cluster", *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=timeout)
+    return proc, out, err
+
+
+@needs_root
+def test_nodes_are_built_shaped_and_removed():
+    before = host_links()
+    proc, out, err = run_cli("--nodes", "3", "--rate", "100mbit", "--",
+                             "hostname; ip -br addr show eth0; tc qdisc show dev eth0; "
+                             "echo rank=$NODE_RANK of $NNODES master=$MASTER_ADDR:$MASTER_PORT "
+                             "if=$GLOO_SOCKET_IFNAME; ip route")
+    assert proc.returncode == 0, out + err
+    for i in range(3):
+        lines = [line for line in out.splitlines() if line.startswith(f"[node {i}] ")]
+        text = "\n".join(lines)
+        assert f"[node {i}] node{i}" in text, out  # its own hostname
+        assert f"rank={i} of 3 master=" in text and "if=eth0" in text, out
+        assert "tbf" in text and "100Mbit" in text, out  # the link is shaped
+        assert "default" not in text, out  # no route out of the cluster
+    master = out.split("[node 0] rank=0 of 3 master=")[1].split(":")[0]
+    assert any(line.startswith("[node 0] eth0") and f"{master}/24" in line
+               for line in out.splitlines()), out  # MASTER_ADDR is node 0's address
+    assert made_by(proc.pid) == [], made_by(proc.pid)
+    assert host_links() == before  # nothing appeared (or vanished) in the host's namespace
+
+
+@needs_root
+def test_a_failing_node_is_named_and_everything_is_removed():
+    start = time.monotonic()
+    proc, out, err = run_cli("--nodes", "2", "--",
+                             "if [ $NODE_RANK = 1 ]; then echo bye; exit 3; fi; sleep 60")
+    assert proc.returncode == 3, out + err
+    assert "node 1 failed first (exit code 3)" in err, err
+    assert "[node 1] bye" in out
+    assert time.monotonic() - start < 30  # node 0's sleep was stopped, not waited for
+    assert made_by(proc.pid) == []
+
+
+@needs_root
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_stopping_the_command_removes_everything(sig):
+    cmd = [sys.executable, "-m", "dist_sgd.cluster", "--nodes", "2", "--", "sleep", "60"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert "running: sleep 60" in proc.stdout.readline()  # printed once the nodes exist
+    time.sleep(0.5)  # the nodes' sleeps have started
+    assert len(made_by(proc.pid)) >= 3  # switch + 2 nodes exist now
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert "every node stopped, namespaces removed" in err, err
+    assert made_by(proc.pid) == []
+
+
+@needs_root
+def test_without_privilege_it_says_what_is_needed():
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
+    proc = subprocess.run(nobody + [sys.executable, "-m", "dist_sgd.cluster", "--nodes", "2", "--",
+                                    "true"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN)" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_bad_arguments_get_clear_errors():
+    with pytest.raises(ValueError, match="nodes must be"):
+        cluster.Cluster(0)
+    with pytest.raises(ValueError, match="rate must look like"):
+        cluster.parse_rate("fast")
+    assert cluster.parse_rate("1gbit") == 1e9 and cluster.parse_rate("100mbit") == 1e8
+    assert cluster.parse_rate("1mbps") == 8e6  # tc's bps means bytes per second
+
+
+ALL_REDUCE = textwrap.dedent("""
+    import torch, torch.distributed as dist
+    from dist_sgd.check import check, max_diff
+    from dist_sgd.launch import launch
+
+    def work(rank, world_size):
+        inputs = [torch.randn(1001, generator=torch.Generator().manual_seed(r))
+                  for r in range(world_size)]
+        t = inputs[rank].clone()
+        dist.all_reduce(t)
+        return max_diff(t, torch.stack(inputs).sum(0)), dist.get_world_size()
+
+    diff, size = launch(work, None)[0]
+    print(f"world size {size}:", check("2-node all_reduce vs the single-machine sum", diff, 1e-6))
+""")
+
+
+@needs_root
+def test_torchrun_all_reduce_across_nodes_equals_the_single_machine_sum(tmp_path):
+    script = tmp_path / "all_reduce.py"
+    script.write_text(ALL_REDUCE)
+    lines = []
+
+    class Sink:
+        def write(self, text):
+            lines.append(text)
+
+        def flush(self):
+            pass
+
+    with cluster.Cluster(2, rate="1gbit") as c:
+        # The c10d rendezvous form: no node rank given; the node whose address is the endpoint
+        # hosts the rendezvous (the static form runs the lesson in the next test).
+        c.run(f"torchrun --nnodes $NNODES --nproc-per-node 1 --rdzv-backend c10d "
+              f"--rdzv-endpoint $MASTER_ADDR:$MASTER_PORT --rdzv-id test {script}",
+              env=ENV, output=Sink(), timeout=180)
+        names = [c.switch] + c.netns
+    out = "".join(lines)
+    checks = [line for line in lines if "max difference" in line]
+    assert len(checks) == 2 and all("world size 2:" in line for line in checks), out
+    assert all("max difference 0.00e+00" in line for line in checks), out
+    assert not set(names) & set(cluster.ours())
+
+
+@needs_root
+def test_a_lesson_runs_across_nodes_with_torchrun():
+    # The static form: every node is told its rank and the master's address.
+    proc, out, err = run_cli(
+        "--nodes", "2", "--rate", "1gbit", "--",
+        "torchrun --nnodes $NNODES --node-rank $NODE_RANK --nproc-per-node 1 "
+        "--master-addr $MASTER_ADDR --master-port $MASTER_PORT lessons/03_collectives.py --quick",
+        timeout=240)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    checks = re.findall(r"\[node 0\] .*max difference (\S+) \(tolerance (\S+)\)", out)
+    assert len(checks) >= 5, out[-3000:]  # the lesson's checks, made on node 0, all kept
+    assert all(float(d) <= float(t) for d, t in checks), checks
+    assert "Traceback" not in out + err
+    assert made_by(proc.pid) == []
+
+
+def test_variables_in_a_command_list_are_replaced_per_node():
+    c = cluster.Cluster(3)  # nothing is built before `with` (or .up())
+    argv = c.argv(2, ["echo", "$NODE_RANK", "${NNODES}", "$MASTER_ADDR:$MASTER_PORT", "$HOME"])
+    assert argv[-5:] == ["echo", "2", "3", f"{c.master_addr}:{c.master_port}", "$HOME"]
+    assert argv[:4] == ["ip", "netns", "exec", c.netns[2]]
+    assert cluster.Cluster(3).netns == c.netns  # names come from the pid: one run, one set
+
+
+def test_bench_reports_the_targets_from_a_csv(tmp_path, monkeypatch, capsys):
+    """`python -m dist_sgd.bench cluster`'s report and figure, from exact model data (no root)."""
+    from dist_sgd.bench import cluster as bench, common
+
+    monkeypatch.setattr(common, "FIGURES_DIR", str(tmp_path))
+    alpha, beta, MiB = 100e-6, 8 / 1e9, 2 ** 20  # 1 Gbit/s exactly
+
+    def row(part, name, nbytes, seconds, diff=""):
+        return {"part": part, "name": name, "bytes": nbytes, "seconds": seconds, "min": 0.9 * seconds,
+                "max": 1.1 * seconds, "max_diff": diff}
+
+    rows = [row("ping-pong", "one way", n, alpha + beta * n) for n in (1024, 4096, 2 ** 17, MiB, 4 * MiB)]
+    for m in (1, 4, 16):
+        gloo = m * MiB * beta / 0.9  # bus bandwidth 90% of the link
+        rows += [row("all-reduce", "gloo", m * MiB, gloo, 0.0),
+                 row("all-reduce", "our ring", m * MiB, 1.02 * gloo, 0.0),
+                 row("all-reduce", "ring, isend before recv", m * MiB, 2 * gloo, 0.0),
+                 row("all-reduce", "ring, irecv before isend", m * MiB, gloo, 0.0)]
+    steps = {"no communication": 0.030, "forward only": 0.010, "average_gradients": 0.070,
+             "per-parameter hooks": 0.060, "our DDP": 0.050, "torch DDP": 0.049}
+    rows += [row("BigNet step", n, 4 * 1_199_882, s, 0.0 if "DDP" in n or "_" in n else "")
+             for n, s in steps.items()]
+    rows.append({"part": "left behind", "name": "nothing", "bytes": "", "seconds": "", "min": "",
+                 "max": "", "max_diff": ""})
+    common.write_csv("cluster", rows, facts="2 cores (test), no GPU")
+    paths = bench.draw()
+    out = capsys.readouterr().out
+    assert os.path.getsize(paths[0]) > 10_000
+    assert "alpha = 100 us, 1/beta = 1.000 Gbit/s (100% of the link's rate)" in out, out
+    assert "gloo bus bandwidth at >= 4 MiB: 90%" in out, out
+    assert "our ring / gloo at >= 1 MiB: 1.02x" in out, out
+    assert "vs average_gradients: 1.40x faster" in out, out
+    # predicted: 30 ms + 2 alpha + n beta = 68.6 ms (no overlap); 10 + max(20, 38.6) = 48.6 ms
+    assert "average_gradients -2%, our DDP -3%" in out, out
+    assert "left behind after the run: nothing" in out
