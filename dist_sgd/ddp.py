@@ -238,8 +238,9 @@ class DistributedDataParallel(BucketedDDP):
             if name not in _REFUSED and name not in _ACCEPTED:
                 raise TypeError(f"unexpected argument {name!r} (torch's DDP does not take it "
                                 "either, or it is newer than torch 2.14)")
-        self._device = _single_device(module, device_ids, output_device)
+        device = _single_device(module, device_ids, output_device)
         super().__init__(module, bucket_cap_mb, init_sync)
+        self._device = device
         self.broadcast_buffers = broadcast_buffers
         self.require_backward_grad_sync = True  # no_sync() turns it off ...
         self._sync_next_backward = True  # ... and forward() passes it on to backward
