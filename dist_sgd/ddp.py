@@ -28,7 +28,6 @@ left None (as torch's, where a zero would move momentum), no_sync() for gradient
 buffers broadcast before each forward, and a trace of what happened when (lesson 07's timeline).
 """
 import contextlib
-import numbers
 import time
 import weakref
 
@@ -36,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from .ddp_args import check_torch_arguments, single_device, to_device
 from .ddp_hooks import GradBucket, all_reduce_hook, call_when_backward_ends
 from .sync import broadcast_parameters
 
@@ -194,24 +194,6 @@ class BucketedDDP(nn.Module):
 
 # ============================== the extras ===================================================
 
-# torch DDP arguments ours refuses unless left at torch's default: name -> (default, why).
-_REFUSED = {
-    "process_group": (None, "ours reduces over the default (WORLD) group only"),
-    "gradient_as_bucket_view": (False, "ours copies the averages back into .grad"),
-    "delay_all_reduce_named_params": (None, "ours all-reduces every trainable parameter"),
-    "param_to_hook_all_reduce": (None, "ours all-reduces every trainable parameter"),
-    "mixed_precision": (None, "no mixed precision in ours"),
-    "device_mesh": (None, "ours reduces over the default (WORLD) group only"),
-    "skip_all_reduce_unused_params": (False, "ours always reduces every bucket"),
-    "bucket_cap_mb_list": (None, "ours has one bucket_cap_mb"),
-    "batched_grad_copy": (False, "not implemented in ours"),
-}
-# Accepted with torch's meaning, though ours needs no switch for it: unused parameters are
-# always found (find_unused_parameters), a static graph changes nothing (static_graph),
-# check_reduction is a no-op in torch too, and dim only matters for several devices.
-_ACCEPTED = {"find_unused_parameters", "static_graph", "check_reduction", "dim"}
-
-
 class DistributedDataParallel(BucketedDDP):
     """BucketedDDP plus what torch's offers a training loop; see the module docstring.
 
@@ -226,19 +208,8 @@ class DistributedDataParallel(BucketedDDP):
 
     def __init__(self, module, bucket_cap_mb=25.0, all_reduce=None, *, device_ids=None,
                  output_device=None, broadcast_buffers=True, init_sync=True, **torch_arguments):
-        if not (bucket_cap_mb is None or isinstance(bucket_cap_mb, numbers.Real)):
-            raise TypeError(f"bucket_cap_mb must be a number or None, got {bucket_cap_mb!r} "
-                            "(torch's second positional argument is device_ids: pass it by name)")
-        for name, value in torch_arguments.items():
-            if name == "process_group" and value is dist.group.WORLD:
-                continue  # the default group, named: what ours uses anyway
-            if name in _REFUSED and value != _REFUSED[name][0]:
-                raise ValueError(f"our DistributedDataParallel does not support {name}="
-                                 f"{value!r}: {_REFUSED[name][1]}")
-            if name not in _REFUSED and name not in _ACCEPTED:
-                raise TypeError(f"unexpected argument {name!r} (torch's DDP does not take it "
-                                "either, or it is newer than torch 2.14)")
-        device = _single_device(module, device_ids, output_device)
+        check_torch_arguments(bucket_cap_mb, torch_arguments)  # refused by name, up front
+        device = single_device(module, device_ids, output_device)
         super().__init__(module, bucket_cap_mb, init_sync)
         self._device = device
         self.broadcast_buffers = broadcast_buffers
@@ -246,7 +217,7 @@ class DistributedDataParallel(BucketedDDP):
         self._sync_next_backward = True  # ... and forward() passes it on to backward
         self.trace = None  # set to a list to record hook/launch/done times (lesson 07)
         self._params = [p for b in self.buckets for p in b.params]
-        self._used = None  # per parameter: how many ranks had a gradient (a Future)
+        self._used = None  # per parameter: how many ranks had a gradient (_Later)
         self._comm_hook = None
         if all_reduce is not None and all_reduce is not dist.all_reduce:
             self.register_comm_hook(None, all_reduce_hook(all_reduce))
@@ -289,7 +260,8 @@ class DistributedDataParallel(BucketedDDP):
             # (torch's find_unused_parameters does the same). Without a comm hook it goes now,
             # behind the last bucket; a hook may still be issuing collectives from callbacks,
             # so then it waits until the hooks' futures are done (in _write_grad).
-            had = torch.tensor([float(p.grad is not None) for p in self._params])
+            had = torch.tensor([float(p.grad is not None) for p in self._params],
+                               device=self.buckets[0].flat.device)
             self._used = _Later(had, start_now=self._comm_hook is None)
 
     def _write_grad(self, p, mean):
@@ -318,7 +290,7 @@ class DistributedDataParallel(BucketedDDP):
                 for buffer in self.module.buffers():
                     dist.broadcast(buffer, 0)
         if self._device is not None:
-            inputs, kwargs = _to_device((inputs, kwargs), self._device)
+            inputs, kwargs = to_device((inputs, kwargs), self._device)
         return self.module(*inputs, **kwargs)
 
     def _grad_ready(self, param):
@@ -364,37 +336,3 @@ class _Later:
                 self._work.wait()
             self._result = dict(zip(params, self._counts.tolist()))
         return self._result
-
-
-def _single_device(module, device_ids, output_device):
-    """torch's device_ids for one device per process: must be the module's device."""
-    if device_ids is None:
-        if output_device is not None:
-            raise ValueError("output_device without device_ids: torch's DDP ignores it on CPU; "
-                             "ours refuses it so the mistake shows")
-        return None
-    if len(device_ids) != 1:
-        raise ValueError(f"device_ids={device_ids!r}: ours, like torch's, takes exactly one "
-                         "device per process (one rank per device)")
-    device = torch.device("cuda", device_ids[0]) if isinstance(device_ids[0], int) \
-        else torch.device(device_ids[0])
-    held = {p.device for p in module.parameters()}
-    if held != {device}:
-        raise ValueError(f"device_ids={device_ids!r} but the module's parameters are on "
-                         f"{sorted(map(str, held))}: move the module first (module.to(device))")
-    if output_device is not None and torch.device(output_device if not isinstance(
-            output_device, int) else f"cuda:{output_device}") != device:
-        raise ValueError(f"output_device={output_device!r} differs from device_ids[0]: "
-                         "not supported (outputs stay on the module's device)")
-    return device
-
-
-def _to_device(obj, device):
-    """Move every tensor in nested tuples/lists/dicts to device (torch's DDP does it)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_to_device(o, device) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
-    return obj

@@ -23,9 +23,9 @@ CHECK_LINE = re.compile(r"max difference ([-+0-9.e]+|nan|inf) \(tolerance ([-+0-
 OPS = {"<=": operator.le, ">=": operator.ge, "==": operator.eq, "<": operator.lt, ">": operator.gt}
 
 # How many check lines each lesson prints at least (at --quick, world size 2).
-MIN_CHECKS = {}
+MIN_CHECKS = {"07": 8}
 # Other numbers a lesson promises, per lesson number: (regex with one number group, op, bound).
-BOUNDS = {}
+BOUNDS = {"07": [(r"bucket (\d+):", "<=", 2)]}
 # Lessons also run at an odd world size: chunks and shards that do not split evenly.
 ODD_WORLD_SIZE = ("03", "04", "06", "07")
 
