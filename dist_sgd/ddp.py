@@ -105,6 +105,8 @@ class BucketedDDP(nn.Module):
 
     def __init__(self, module, bucket_cap_mb=25.0, init_sync=True):
         super().__init__()
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"DistributedDataParallel wraps an nn.Module, got {type(module)}")
         if not dist.is_initialized():
             raise RuntimeError("DistributedDataParallel needs a process group: build it inside "
                                "dist_sgd.launch.launch(...) or a torchrun'd script")
@@ -246,6 +248,7 @@ class DistributedDataParallel(BucketedDDP):
             if not isinstance(future, torch._C.Future):  # torch.futures.Future or its C++ base
                 raise TypeError(f"the communication hook {hook!r} returned {type(future)}, "
                                 "not a torch.futures.Future")
+            future = future.then(lambda f, n=bucket.numel: _flat_result(f.value(), n, hook))
         if self.trace is not None:  # chained, so the record is there when wait() returns
             future = future.then(lambda f: (self._record("done", bucket=bucket.index),
                                             f.value())[1])
@@ -318,6 +321,14 @@ class DistributedDataParallel(BucketedDDP):
     def _record(self, event, **fields):
         if self.trace is not None:
             self.trace.append(dict(event=event, t=time.perf_counter(), **fields))
+
+
+def _flat_result(value, numel, hook):
+    if not (isinstance(value, torch.Tensor) and value.numel() == numel):
+        raise TypeError(f"the communication hook {hook!r} must return a Future of the bucket's "
+                        f"flat tensor ({numel} elements), got {type(value).__name__} "
+                        f"{tuple(getattr(value, 'shape', ()))}")
+    return value
 
 
 class _Later:

@@ -358,6 +358,33 @@ def case_powersgd(matrix_rank):
     return case
 
 
+def case_hook_contract_errors(rank, world_size, ref):
+    def not_a_future(state, bucket):
+        return bucket.buffer()
+
+    def wrong_size(state, bucket):
+        future = torch.futures.Future()
+        future.set_result(torch.zeros(3))
+        return future
+
+    for hook, words in ((not_a_future, "not a torch.futures.Future"), (wrong_size, "flat tensor")):
+        model = mlp(seed=0)
+        ddp = DistributedDataParallel(model)
+        ddp.register_comm_hook(None, hook)
+        try:
+            F.cross_entropy(ddp(torch.randn(2, 12)), torch.tensor([0, 1])).backward()
+        except (TypeError, RuntimeError) as error:
+            assert words in str(error), str(error)
+        else:
+            raise AssertionError(f"{hook.__name__}: no error")
+        try:
+            ddp.register_comm_hook(None, hook)
+        except RuntimeError as error:
+            assert "only once" in str(error)
+        else:
+            raise AssertionError("a second register_comm_hook was accepted")
+
+
 CASES = {
     "broadcast": case_broadcast,
     **{f"cap {name}": case_cap(cap, name) for name, cap in CAPS.items()},
@@ -378,6 +405,7 @@ CASES = {
     "fp16 hook, one bucket": case_fp16_one_bucket,
     "powerSGD rank 1": case_powersgd(1),
     "powerSGD rank 2": case_powersgd(2),
+    "hook contract errors": case_hook_contract_errors,
 }
 
 
@@ -394,7 +422,7 @@ def all_cases(rank, world_size):
     return out
 
 
-@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda ws: f"world_size={ws}")
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda ws: f"ws{ws}")
 def results(request):
     return launch(all_cases, request.param, backend="gloo")
 
@@ -470,6 +498,10 @@ def test_torch_fp16_compress_hook_one_bucket_matches_torch_ddp(results):
 @pytest.mark.parametrize("matrix_rank", [1, 2])
 def test_torch_powerSGD_hook_matches_torch_ddp_past_start(results, matrix_rank):
     held(results, f"powerSGD rank {matrix_rank}")
+
+
+def test_a_hook_that_breaks_the_contract_is_named(results):
+    held(results, "hook contract errors")
 
 
 # ---- without a process group ----------------------------------------------------------------
