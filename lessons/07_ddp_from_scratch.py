@@ -178,8 +178,8 @@ def draw_timeline(trace, path):
         if e["event"] == "done":
             ax.plot([1e3 * (start[e["bucket"]] - t0), 1e3 * (e["t"] - t0)], [e["bucket"]] * 2,
                     lw=6, color="tab:blue", label="bucket all-reduce" if e["bucket"] == 0 else None)
-    ax.set(xlabel="ms since the first gradient", ylabel="bucket",
-           title="Our DDP, rank 0: one backward pass of Net")
+    ax.set_yticks(range(-1, len(start)), ["gradients ready"] + [f"bucket {b}" for b in start])
+    ax.set(xlabel="ms since the first gradient", title="Our DDP, rank 0: one backward pass of Net")
     ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path)
