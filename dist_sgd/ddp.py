@@ -152,11 +152,11 @@ class BucketedDDP(nn.Module):
             self._next_bucket += 1
 
     def _all_reduce_bucket(self, bucket):
-        """Start averaging the bucket; returns a Future of the averaged flat buffer.
+        """Start averaging the bucket; returns a Future of the averaged flat buffer (here a
+        list holding it, as torch's all_reduce futures do; finish unpacks it).
         Divide first, then SUM (as torch's DDP: float16 sums cannot overflow)."""
         bucket.flat.div_(self.world_size)
-        work = dist.all_reduce(bucket.flat, async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0])
+        return dist.all_reduce(bucket.flat, async_op=True).get_future()
 
     def finish_gradient_synchronization(self):
         """Wait for every bucket and write the averages into .grad.
@@ -174,7 +174,7 @@ class BucketedDDP(nn.Module):
             self._launch_complete_buckets()
             averaged = [bucket.future.wait() for bucket in self.buckets]
             for bucket, flat in zip(self.buckets, averaged):
-                self._write_grads(bucket, flat)
+                self._write_grads(bucket, flat[0] if isinstance(flat, list) else flat)
         finally:
             for bucket in self.buckets:
                 bucket.reset()
