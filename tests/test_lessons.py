@@ -31,6 +31,7 @@ MIN_CHECKS = {
     "04": 7,  # 2(p-1) ring messages of <= ceil(n/p), every algorithm against torch
     "05": 1,  # ShardSampler vs DistributedSampler
     "06": 6,  # broadcast, (a) gradient, (b) weights, (c) ranks before/after training, (d)
+    "07": 8,  # each of the three steps vs one process and vs torch DDP
     "08": 3,  # four steps by hand and DataParallel vs one process; torch's DataParallel
     "09": 8,  # 4 ways x (gradients at step 1, weights after 10 steps) vs the single process
     "10": 4,  # every all-reduce algorithm of ours vs torch.distributed.all_reduce
@@ -39,6 +40,7 @@ MIN_CHECKS = {
 # Other numbers a lesson promises, per lesson number: (regex with one number group, op, bound).
 BOUNDS = {
     "00": [(r"test accuracy ([\d.]+)%", ">=", 20.0)],  # synthetic, --quick: 28% here
+    "07": [(r"bucket (\d+):", "<=", 2)],
     "06": [(r"Accuracy: \d+/\d+ \(([\d.]+)%\)", ">=", 25.0)],  # synthetic, --quick: 48% here
     "09": [(r"after all (\d+) steps", ">=", 10)],
     "10": [(r"(\d+)% of a step computes", ">", 0)],
