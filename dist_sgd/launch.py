@@ -1,15 +1,22 @@
 """Run one function on N ranks: spawned here, or one rank per process under torchrun.
 
-    launch(fn, 4, *args)      # spawns 4 local processes, each runs fn(rank, 4, *args)
+    results = launch(fn, 4, *args)   # fn(rank, 4, *args) on 4 ranks; results[r] is rank r's value
+    if results is not None:          # the process that reports: this one, or torchrun's rank 0
+        print(results)
 
-Under torchrun (RANK / WORLD_SIZE / LOCAL_RANK set in the environment) nothing is spawned:
-this process *is* one rank, so the same lesson file runs on a laptop, on 8 GPUs or on
-several nodes. Every rank gets a process group (gloo on CPU, NCCL with one GPU per rank),
-a timeout on init and on every operation, and a torn-down group at the end.
+Under torchrun (or a cluster launcher that sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+nothing is spawned: this process *is* one rank, so the same lesson file runs on a laptop, on 8
+GPUs or on several nodes. Either way the list of every rank's result comes back in one
+process (the spawning parent, or global rank 0) and None in every other torchrun process.
+Every rank gets a process group (gloo on CPU, NCCL with one GPU per rank), a timeout on
+init and on every operation, and a torn-down group at the end.
 
 Nothing waits forever: when a rank raises or dies, the launcher stops the others and raises
-RankError naming the rank and carrying its traceback; when a rank hangs, its peers' next
-receive times out (after `timeout` seconds) and that failure is reported the same way.
+RankError naming the rank that caused it, with every failed rank's traceback; when a rank
+hangs, its peers' next receive times out (after `timeout` seconds) and that is reported the
+same way. What happens after fn returns never fails because a peer is still busy: a rank
+that finished waits (without a time limit: only the launcher watching the ranks ends it)
+until every rank has finished, and only then leaves the group.
 """
 import datetime
 import multiprocessing as mp
@@ -22,6 +29,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -29,26 +37,38 @@ import torch.distributed as dist
 # Lessons and tests never need more than this for one operation; real jobs pass their own.
 DEFAULT_TIMEOUT = float(os.environ.get("DIST_SGD_TIMEOUT", 120))
 INIT_METHODS = ("env", "tcp", "file")
+START_METHODS = ("forkserver", "spawn")  # "fork" would copy this process's torch state
+# launch() marks the environment it gives its own ranks, so that RANK / WORLD_SIZE it set
+# are never mistaken for a launcher's (a rank that calls launch() again spawns afresh).
+SPAWNED = "DIST_SGD_SPAWNED"
+# torchrun's per-process variables: describe *its* job, so they are not passed on to ours.
+_LAUNCHER_VARS = ("GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE")
+_WAIT_FOR_PEERS = datetime.timedelta(days=30)  # "as long as they work": the launcher watches
+_TORCH_DISTRIBUTED = os.path.dirname(dist.__file__) + os.sep
+_OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class RankError(RuntimeError):
-    """A rank raised, died or timed out. `.rank` says which one."""
+    """A rank raised, died or timed out. `.rank` is the rank blamed (the likely cause);
+    `.tracebacks` maps every failed rank to its traceback ("" for a rank that died)."""
 
-    def __init__(self, rank, message):
+    def __init__(self, rank, message, tracebacks=None):
         super().__init__(message)
         self.rank = rank
+        self.tracebacks = dict(tracebacks or {})
 
 
 def under_torchrun():
     """True when a launcher (torchrun, or a cluster's) already made this process one rank."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    env = os.environ
+    return SPAWNED not in env and all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                         "MASTER_PORT"))
 
 
-def default_backend(world_size=None):
+def default_backend(local_world_size=1):
     """NCCL when every local rank can have a GPU of its own, gloo otherwise."""
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size or 1))
-    if n_gpus >= local and dist.is_nccl_available():
+    if n_gpus >= (local_world_size or 1) and dist.is_nccl_available():
         return "nccl"
     return "gloo"
 
@@ -61,9 +81,11 @@ def device():
 
 
 def _rank():
-    """This process's rank: from the group, else from RANK (a rank before or after its group
-    exists: under torchrun, or spawned by launch), else 0 (a plain process)."""
-    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+    """This process's rank: from the group; else from RANK when a launcher (or launch) set it
+    (a rank before or after its group exists); else 0 (a plain process)."""
+    if dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ["RANK"]) if under_torchrun() or SPAWNED in os.environ else 0
 
 
 def log(*args, **kwargs):
@@ -104,40 +126,80 @@ def init_url(init_method, workdir=None):
     raise ValueError(f"init_method must be one of {INIT_METHODS} or a URL, got {init_method!r}")
 
 
-def _init(rank, world_size, backend, url, timeout):
+def _init(rank, world_size, backend, timeout, url=None, store=None):
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    dist.init_process_group(backend, init_method=url, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout))
+    dist.init_process_group(backend, init_method=url, store=store, rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
 
 
-def _teardown(ok):
-    if not dist.is_initialized():
-        return
-    if ok:
-        # Rank 0 hosts the rendezvous store: let everyone finish before it goes away.
-        dist.barrier()
-    dist.destroy_process_group()
+def _leave_group():
+    """Destroy the group if fn left it up; a failure here is reported, never raised: fn's
+    work is done and its result delivered."""
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as e:  # noqa: BLE001
+        print(f"[rank {_rank()}] warning: leaving the process group failed: {e}", file=sys.stderr)
+
+
+def _run_fn(fn, rank, world_size, args):
+    """fn's result; sys.exit(0) / sys.exit() inside fn ends the rank normally (as under
+    torch's launchers), with result None."""
+    try:
+        return fn(rank, world_size, *args)
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise
+        return None
+
+
+def _from_torch_distributed(exc):
+    """Did this exception come out of torch.distributed (a peer vanished or went silent), rather
+    than from the rank's own code? Decided by where it was raised, never by its message:
+    inside torch.distributed's Python code, or by a native call (work.wait(), a store) made
+    from it or from dist_sgd's communication code; DistError is torch's own transport error."""
+    if isinstance(exc, dist.DistError):
+        return True
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not isinstance(exc, RuntimeError) or not frames:
+        return False  # ValueError, TypeError, ...: a call misused, the rank's own mistake
+    where = frames[-1]
+    if where.filename.startswith(_TORCH_DISTRIBUTED):
+        return True
+    native = not (where.line or "").lstrip().startswith("raise")
+    return native and where.filename.startswith(_OURS)
 
 
 def _child(fn, rank, world_size, args, backend, url, timeout, threads, env, conn):
     os.environ.clear()  # the launcher's environment now, not the fork server's from earlier
     os.environ.update(env)
     torch.set_num_threads(threads)  # one process per rank: more threads only fight for cores
-    # Results travel as plain pickles (copies): torch's shared-memory tensors would vanish
-    # with this process, which exits right after sending.
-    ok = False
     try:
-        _init(rank, world_size, backend, url, timeout)
-        result = fn(rank, world_size, *args)
-        ok = True
-        _teardown(ok)
-        conn.send_bytes(pickle.dumps(("ok", result)))
-    except BaseException as e:  # noqa: BLE001 - report everything, KeyboardInterrupt too
+        _init(rank, world_size, backend, timeout, url=url)
+        result = _run_fn(fn, rank, world_size, args)
+        # Results travel as plain pickles (copies): torch's shared-memory tensors would vanish
+        # with this process. A value pickle cannot copy is no failure (mp.spawn and torchrun
+        # ignore return values): it arrives as None, with a warning.
         try:
-            conn.send_bytes(pickle.dumps(("error", f"{type(e).__name__}: {e}", traceback.format_exc())))
+            conn.send_bytes(pickle.dumps(("ok", result)))
+        except Exception as e:  # noqa: BLE001
+            conn.send_bytes(pickle.dumps(("ok", None, f"{type(result).__name__}: {e}")))
+    except BaseException as e:  # noqa: BLE001 - report everything, KeyboardInterrupt too
+        kind = "symptom" if _from_torch_distributed(e) else "error"
+        try:
+            conn.send_bytes(pickle.dumps(("failed", kind, f"{type(e).__name__}: {e}",
+                                          traceback.format_exc())))
         finally:
             os._exit(1)  # skip the teardown: peers may be gone, and nothing must block here
+    # Stay in the group until every rank has finished: leaving while a peer is still inside
+    # the last collective could cut it off. The launcher closes the pipe when all are done
+    # (or when it goes away): no time limit, since a busy peer is no error.
+    try:
+        conn.recv_bytes()
+    except (EOFError, OSError):
+        pass
+    _leave_group()
 
 
 def _context():
@@ -147,6 +209,8 @@ def _context():
     code, so it holds no thread pool or CUDA state that a fork could break (forking *this*
     process, which may have, can deadlock). DIST_SGD_START_METHOD=spawn is the plain way."""
     method = os.environ.get("DIST_SGD_START_METHOD", "forkserver")
+    if method not in START_METHODS:
+        raise ValueError(f"DIST_SGD_START_METHOD must be one of {START_METHODS}, got {method!r}")
     ctx = mp.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(["torch", "torch.distributed", "dist_sgd.launch"])
@@ -157,61 +221,70 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
            timeout=DEFAULT_TIMEOUT, threads=1):
     """Run fn(rank, world_size, *args) on every rank; return the list of results by rank.
 
-    Spawned locally, the list holds every rank's return value (they must be picklable).
-    Under torchrun this process is one rank, so the list holds only this rank's value.
+    The list (index = rank) comes back in the process that reports: this one when it spawns
+    the ranks, global rank 0 under torchrun; every other torchrun process gets None. Results
+    must be picklable (one that is not arrives as None, with a warning).
     Raises RankError, naming the rank, when any rank fails; no process is left behind.
     """
     if timeout is None or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if not callable(fn):
+        raise TypeError(f"fn must be a function, got {fn!r}")
     if under_torchrun():
-        return [_run_here(fn, world_size, args, backend, timeout)]
+        return _run_here(fn, world_size, args, backend, timeout)
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    try:
+        pickle.dumps((fn, args))
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"launch() sends fn and its arguments to every rank by pickling them: "
+                         f"fn must be a module-level function and args picklable ({e})") from e
     backend = backend or default_backend(world_size)
+    ctx = _context()
     workdir = tempfile.mkdtemp(prefix="dist_sgd_")
     url = init_url(init_method, workdir)
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size)}
-    ctx = _context()
+    # What a previous run left in os.environ must not matter: our own address and port,
+    # ranks, and none of a surrounding torchrun's variables (its agent store is not ours).
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith("TORCHELASTIC_") and k not in _LAUNCHER_VARS}
+    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world_size),
+                LOCAL_WORLD_SIZE=str(world_size), **{SPAWNED: "1"})
     procs, conns = [], []
     try:
         for rank in range(world_size):
-            recv_end, send_end = ctx.Pipe(duplex=False)
-            rank_env = dict(os.environ, **env, RANK=str(rank), LOCAL_RANK=str(rank))
+            here, there = ctx.Pipe(duplex=True)
             p = ctx.Process(target=_child, name=f"rank{rank}",
                             args=(fn, rank, world_size, args, backend, url, timeout, threads,
-                                  rank_env, send_end))
+                                  dict(base, RANK=str(rank), LOCAL_RANK=str(rank)), there))
             p.start()
-            send_end.close()
+            there.close()
             procs.append(p)
-            conns.append(recv_end)
+            conns.append(here)
         return _collect(procs, conns)
     finally:
+        for c in conns:
+            c.close()
         _stop(procs)
         shutil.rmtree(workdir, ignore_errors=True)  # the file:// rendezvous, if any
 
 
-# When one rank fails, its peers usually fail a moment later *because* of it ("Connection
-# reset by peer" when it died, "timed out" when it hangs). Those are symptoms: the launcher
-# waits GRACE seconds for every report, then blames the most likely cause, in this order.
+# When one rank fails, its peers usually fail a moment later *because* of it: their
+# torch.distributed calls report a connection reset (it died) or a timeout (it hangs). Those
+# are symptoms. The launcher waits GRACE seconds for every report, then blames, in order:
+# a rank whose own code raised, a rank that died, a rank that only reports a symptom.
 GRACE = 1.0
-_SYMPTOMS = (("connection closed", "connection reset", "broken pipe", "connection refused"),
-             ("timed out", "timeout"))
+_LEVEL = {"error": 0, "died": 1, "symptom": 2}
 
 
-def _cause_rank(kind, text):
-    """0: the rank's own code raised; 1: it died; 2: a peer vanished; 3: a peer went silent."""
-    if kind == "died":
-        return 1
-    lowered = text.lower()
-    for level, words in enumerate(_SYMPTOMS, start=2):
-        if any(w in lowered for w in words):
-            return level
-    return 0
+def _blame(failures):
+    """The rank most likely to have caused the others' failures (arrival order breaks ties).
+    failures: {rank: (kind, message, traceback)}, in order of arrival."""
+    order = list(failures)
+    return min(order, key=lambda r: (_LEVEL[failures[r][0]], order.index(r)))
 
 
 def _collect(procs, conns):
-    """Wait for every rank's result; on failure, raise RankError naming the rank to blame."""
+    """Wait for every rank's result, then release them all; on a failure, raise RankError."""
     results, pending = [None] * len(procs), set(range(len(procs)))
     failures, deadline = {}, None  # rank -> (kind, message, traceback), in order of arrival
     while pending and (deadline is None or time.monotonic() < deadline):
@@ -222,41 +295,57 @@ def _collect(procs, conns):
             if conns[r].poll():
                 try:
                     msg = pickle.loads(conns[r].recv_bytes())
-                except EOFError:  # pipe closed without a message: the process died
+                except EOFError:  # pipe closed without a message: the process ended
                     closed = True
+                except Exception as e:  # noqa: BLE001 - a result this process cannot unpickle
+                    msg = ("ok", None, f"cannot be unpickled here: {e}")
             if msg is not None and msg[0] == "ok":
                 results[r] = msg[1]
+                if len(msg) > 2:
+                    warnings.warn(f"rank {r} returned a value that cannot be sent back "
+                                  f"({msg[2]}); its entry in the results is None", RuntimeWarning)
             elif msg is not None:
-                failures[r] = ("error", msg[1], msg[2])
+                failures[r] = msg[1:]
             elif closed or not procs[r].is_alive():
                 if not closed and conns[r].poll():
                     continue  # it reported just before exiting: read it next round
                 procs[r].join(timeout=5)
                 code = procs[r].exitcode
-                how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                failures[r] = ("died", f"died without reporting a result ({how})", "")
+                if code != 0:
+                    how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                    failures[r] = ("died", f"died without reporting a result ({how})", "")
+                # exit code 0 without a result (os._exit(0)): success, as for torch's launchers
             else:
                 continue
             pending.discard(r)
         if failures and deadline is None:
             deadline = time.monotonic() + GRACE
     if not failures:
+        for c in conns:
+            c.close()  # every rank is done: release them to leave the group and exit
+        for p in procs:
+            p.join(timeout=60)
         return results
     _stop(procs)
-    blamed = min(failures, key=lambda r: (_cause_rank(*failures[r][:2]), list(failures).index(r)))
+    raise _rank_error(failures, pending)
+
+
+def _rank_error(failures, pending):
+    blamed = _blame(failures)
     kind, text, tb = failures[blamed]
-    lines = [f"rank {blamed} failed: {text}" if kind == "error" else f"rank {blamed} {text}"]
+    lines = [f"rank {blamed} failed: {text}" if kind != "died" else f"rank {blamed} {text}"]
     for r, (_, other, _) in failures.items():
         if r != blamed:
             lines.append(f"rank {r} also failed, probably as a consequence: {other.splitlines()[0][:300]}")
     if pending:
         lines.append("still running then (now stopped): " + ", ".join(f"rank {r}" for r in sorted(pending)))
-        if _cause_rank(kind, text) == 3:
-            lines.append("a timeout means a peer stopped answering: look at the rank(s) still "
-                         "running, which probably hung (or pass a longer timeout for slow work)")
+        if kind == "symptom":
+            lines.append(f"rank {blamed}'s error came from inside torch.distributed: a peer stopped "
+                         "answering. Look at the rank(s) still running, which probably hung "
+                         "(or pass a longer timeout for slow work)")
     if tb:
         lines.append(f"--- traceback from rank {blamed} ---\n{tb}")
-    raise RankError(blamed, "\n".join(lines))
+    return RankError(blamed, "\n".join(lines), {r: f[2] for r, f in failures.items()})
 
 
 def _stop(procs):
@@ -271,21 +360,82 @@ def _stop(procs):
             p.join()
 
 
+def _launcher_store(rank, timeout):
+    """A client of the store torchrun's agent hosts at MASTER_ADDR:MASTER_PORT; without an
+    agent (a cluster launcher), rank 0 hosts it there, as env:// would."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                         is_master=rank == 0 and not agent, multi_tenant=True,
+                         timeout=datetime.timedelta(seconds=timeout))
+
+
 def _run_here(fn, world_size, args, backend, timeout):
-    """torchrun made this process a rank already: join the group it describes and run fn."""
+    """torchrun made this process a rank already: join the group it describes and run fn.
+    The results meet in the launcher's store, which outlives every operation's timeout."""
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if dist.is_initialized():
+        raise RuntimeError("launch() found a process group already initialized in this process; "
+                           "it creates its own: call dist.destroy_process_group() first")
     if world_size not in (None, size) and rank == 0:
         print(f"note: running under torchrun with WORLD_SIZE={size}; "
               f"ignoring the requested world size {world_size}", flush=True)
-    backend = backend or default_backend(size)
-    _init(rank, size, backend, "env://", timeout)
-    ok = False
+    backend = backend or default_backend(int(os.environ.get("LOCAL_WORLD_SIZE", size)))
+    store = _launcher_store(rank, timeout)
+    # Each launch() in this process gets keys of its own: torchrun's store keeps the keys of
+    # earlier groups, and a new group that read them would try to connect to the old one.
+    run = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"dist_sgd/{run}/{store.add(f'dist_sgd/{run}/calls/{rank}', 1)}/", store)
+    _init(rank, size, backend, timeout, store=dist.PrefixStore("group/", store))
+    exiting = None
     try:
-        result = fn(rank, size, *args)
-        ok = True
-        return result
+        try:
+            result = fn(rank, size, *args)
+        except SystemExit as e:  # sys.exit(0): deliver None, then exit as asked
+            if e.code not in (None, 0):
+                raise
+            result, exiting = None, e
+        results = _meet(store, rank, size, result)
     finally:
-        _teardown(ok)
+        _leave_group()
+    if exiting is not None:
+        raise exiting
+    return results
+
+
+def _meet(store, rank, size, result):
+    """Every rank hands rank 0 its result through the store; each waits (no time limit: a
+    busy peer is no error, and torchrun ends the job if a rank fails) until all are done."""
+    wait = _WAIT_FOR_PEERS
+    if rank != 0:
+        try:
+            data = pickle.dumps(result)
+        except Exception as e:  # noqa: BLE001
+            data = pickle.dumps(_Unpicklable(f"{type(result).__name__}: {e}"))
+        store.set(f"result/{rank}", data)
+        store.wait(["released"], wait)
+        store.add("left", 1)  # rank 0 may host the store: it waits for this before leaving
+        return None
+    keys = [f"result/{r}" for r in range(1, size)]
+    if keys:
+        store.wait(keys, wait)
+    results = [result] + [pickle.loads(store.get(k)) for k in keys]
+    for k in keys:
+        store.delete_key(k)
+    store.set("released", b"1")
+    end = time.monotonic() + 30
+    while store.add("left", 0) < size - 1 and time.monotonic() < end:
+        time.sleep(0.01)
+    for r, value in enumerate(results):
+        if isinstance(value, _Unpicklable):
+            warnings.warn(f"rank {r} returned a value that cannot be sent back ({value.why}); "
+                          "its entry in the results is None", RuntimeWarning)
+            results[r] = None
+    return results
+
+
+class _Unpicklable:
+    def __init__(self, why):
+        self.why = why
 
 
 def lesson_parser(doc, world_size=2):

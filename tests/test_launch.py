@@ -1,18 +1,25 @@
-"""The launcher: results by rank, every init method, and failures that name the failed rank.
+"""The launcher, one property per test: results by rank for every init method, one return
+convention under spawn and torchrun, failures that name the rank that caused them, and what
+torch's launchers accept (a busy peer after the last collective, sys.exit(0), a value that
+cannot be pickled, ...) accepted here too.
 
-Each test is one launch() (a spawn costs a few seconds on 2 cores), so each checks several
-things at once.
+A spawn costs seconds, so each module fixture runs one launch() and several tests read it.
+Run under torchrun, this file is its own subject: see test_torchrun_* and the end of the file.
 """
+import datetime
 import multiprocessing as mp
 import os
+import re
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from dist_sgd import launch as launcher
 from dist_sgd.launch import INIT_METHODS, RankError, launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,29 +31,70 @@ def report(rank, world_size, tag):
     dist.all_reduce(total)
     return {"rank": rank, "tag": tag, "group_rank": dist.get_rank(),
             "group_size": dist.get_world_size(), "backend": dist.get_backend(),
-            "sum": total.item(), "pid": os.getpid(), "threads": torch.get_num_threads()}
+            "sum": total.item(), "pid": os.getpid(), "threads": torch.get_num_threads(),
+            "under_torchrun": launcher.under_torchrun()}
 
 
-# env:// (launch's default) is checked the same way by tests/test_p2p.py's launch, which
-# calls report() too: one spawn fewer.
-@pytest.mark.parametrize("init_method,world_size", [("tcp", 2), ("file", 3)])
-def test_each_init_method_returns_results_by_rank(init_method, world_size):
-    check_report(launch(report, world_size, init_method, init_method=init_method),
-                 init_method, world_size)
+# ---- results by rank, for every init method -------------------------------------------------
+
+WORLD_SIZES = {"env": 3, "tcp": 2, "file": 2}
+
+
+@pytest.fixture(scope="module", params=INIT_METHODS)
+def group(request):
+    method = request.param
+    results = launch(report, WORLD_SIZES[method], method, init_method=method)
+    return {"method": method, "world_size": WORLD_SIZES[method], "results": results,
+            "left_behind": mp.active_children()}
+
+
+def test_results_are_indexed_by_rank(group):
+    assert [r["rank"] for r in group["results"]] == list(range(group["world_size"]))
+    assert [r["tag"] for r in group["results"]] == [group["method"]] * group["world_size"]
+
+
+def test_each_rank_joins_one_group_of_the_world_size(group):
+    assert [r["group_rank"] for r in group["results"]] == list(range(group["world_size"]))
+    assert {r["group_size"] for r in group["results"]} == {group["world_size"]}
+    assert {r["backend"] for r in group["results"]} == {"gloo"}
+
+
+def test_all_reduce_through_the_group_sums_every_rank(group):
+    n = group["world_size"]
+    assert [r["sum"] for r in group["results"]] == [n * (n + 1) / 2] * n
+
+
+def test_each_rank_is_its_own_process(group):
+    pids = {r["pid"] for r in group["results"]}
+    assert len(pids) == group["world_size"] and os.getpid() not in pids
+
+
+def test_each_rank_computes_with_one_thread(group):
+    assert {r["threads"] for r in group["results"]} == {1}
+
+
+def test_no_process_is_left_behind(group):
+    assert group["left_behind"] == []
+
+
+def test_a_rank_is_not_taken_for_a_torchrun_rank(group):
+    # RANK / WORLD_SIZE in a rank's environment are launch()'s: a rank that calls launch()
+    # again spawns a group of its own, as under mp.spawn.
+    assert {r["under_torchrun"] for r in group["results"]} == {False}
 
 
 def check_report(results, init_method, world_size):
-    assert [r["rank"] for r in results] == list(range(world_size))
-    assert [r["group_rank"] for r in results] == list(range(world_size))
-    assert {r["group_size"] for r in results} == {world_size}
-    assert {r["tag"] for r in results} == {init_method}
-    assert {r["backend"] for r in results} == {"gloo"}
-    assert {r["sum"] for r in results} == {world_size * (world_size + 1) / 2}
-    assert {r["threads"] for r in results} == {1}
-    assert len({r["pid"] for r in results}) == world_size, "each rank is its own process"
-    assert mp.active_children() == [], "launch() left processes behind"
-    assert set(INIT_METHODS) == {"env", "tcp", "file"}
+    """Every property above, for a launch of report() made elsewhere (tests/test_p2p.py)."""
+    group = {"method": init_method, "world_size": world_size, "results": results,
+             "left_behind": mp.active_children()}
+    for test in (test_results_are_indexed_by_rank, test_each_rank_joins_one_group_of_the_world_size,
+                 test_all_reduce_through_the_group_sums_every_rank, test_each_rank_is_its_own_process,
+                 test_each_rank_computes_with_one_thread, test_no_process_is_left_behind,
+                 test_a_rank_is_not_taken_for_a_torchrun_rank):
+        test(group)
 
+
+# ---- bad arguments: clear errors before anything starts -------------------------------------
 
 @pytest.mark.parametrize("world_size", [0, -1, "2", 2.0, True, None])
 def test_bad_world_size_is_a_clear_value_error(world_size):
@@ -54,13 +102,25 @@ def test_bad_world_size_is_a_clear_value_error(world_size):
         launch(report, world_size, "x")
 
 
-def test_bad_init_method_and_timeout_are_value_errors():
-    with pytest.raises(ValueError, match="init_method"):
+def test_unknown_init_method_is_a_value_error():
+    with pytest.raises(ValueError, match="init_method must be one of"):
         launch(report, 2, "x", init_method="carrier-pigeon")
-    with pytest.raises(ValueError, match="timeout"):
-        launch(report, 2, "x", timeout=0)
     assert mp.active_children() == []
 
+
+@pytest.mark.parametrize("timeout", [0, -1, None])
+def test_non_positive_timeout_is_a_value_error(timeout):
+    with pytest.raises(ValueError, match="timeout must be a positive number"):
+        launch(report, 2, "x", timeout=timeout)
+
+
+def test_a_function_that_cannot_be_sent_to_the_ranks_is_a_value_error():
+    with pytest.raises(ValueError, match="module-level function"):
+        launch(lambda rank, world_size: rank, 2)
+    assert mp.active_children() == []
+
+
+# ---- a rank that raises, dies or hangs ------------------------------------------------------
 
 def fail_on_last_rank(rank, world_size, how, pid_dir):
     with open(os.path.join(pid_dir, f"rank{rank}.pid"), "w") as f:
@@ -76,55 +136,270 @@ def fail_on_last_rank(rank, world_size, how, pid_dir):
     return rank
 
 
-def assert_all_gone(pid_dir):
-    for name in os.listdir(pid_dir):
+def failed_launch(how, world_size, pid_dir, timeout):
+    start = time.perf_counter()
+    with pytest.raises(RankError) as info:
+        launch(fail_on_last_rank, world_size, how, str(pid_dir), timeout=timeout)
+    return {"error": info.value, "message": str(info.value), "pid_dir": str(pid_dir),
+            "seconds": time.perf_counter() - start, "world_size": world_size}
+
+
+# A long timeout for "raise" and "exit": they must be reported because they happened.
+@pytest.fixture(scope="module")
+def raised(tmp_path_factory):
+    return failed_launch("raise", 3, tmp_path_factory.mktemp("raise"), timeout=60)
+
+
+@pytest.fixture(scope="module")
+def exited(tmp_path_factory):
+    return failed_launch("exit", 2, tmp_path_factory.mktemp("exit"), timeout=60)
+
+
+@pytest.fixture(scope="module")
+def hung(tmp_path_factory):
+    return failed_launch("hang", 2, tmp_path_factory.mktemp("hang"), timeout=3)
+
+
+def assert_all_gone(pid_dir, world_size):
+    names = os.listdir(pid_dir)
+    assert len(names) == world_size, "every rank started"
+    for name in names:
         pid = int(open(os.path.join(pid_dir, name)).read())
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert mp.active_children() == []
 
 
-@pytest.mark.parametrize("how,world_size", [("raise", 3), ("exit", 2)])
-def test_a_failed_rank_is_named_fast(how, world_size, tmp_path):
-    start = time.perf_counter()
+def test_a_raising_rank_is_named_with_its_exception(raised):
+    assert raised["error"].rank == 2, raised["message"]
+    assert raised["message"].startswith("rank 2 failed: ValueError: boom from rank 2")
+
+
+def test_the_raising_ranks_traceback_is_in_the_message(raised):
+    assert "--- traceback from rank 2 ---" in raised["message"]
+    assert 'raise ValueError(f"boom from rank {rank}")' in raised["message"]
+
+
+def test_a_dead_rank_is_named_with_its_exit_code(exited):
+    assert exited["error"].rank == 1, exited["message"]
+    assert exited["message"].startswith("rank 1 died without reporting a result (exit code 3)")
+
+
+@pytest.mark.parametrize("case", ["raised", "exited"])
+def test_a_failure_is_reported_without_waiting_for_a_timeout(case, request):
+    seconds = request.getfixturevalue(case)["seconds"]
+    assert seconds < 30, f"took {seconds:.1f} s, the timeout is 60 s"
+
+
+@pytest.mark.parametrize("case", ["raised", "exited", "hung"])
+def test_no_rank_survives_a_failure(case, request):
+    failed = request.getfixturevalue(case)
+    assert_all_gone(failed["pid_dir"], failed["world_size"])
+
+
+def test_a_hung_rank_makes_its_peer_time_out(hung):
+    assert hung["error"].rank == 0, hung["message"]  # rank 0 is the one that noticed
+    assert "timed out" in hung["message"].splitlines()[0].lower(), hung["message"]
+    assert 3 <= hung["seconds"] < 33, f"took {hung['seconds']:.1f} s with a 3 s timeout"
+
+
+def test_a_hung_rank_is_pointed_at(hung):
+    assert "still running then (now stopped): rank 1" in hung["message"], hung["message"]
+    assert "probably hung" in hung["message"], hung["message"]
+
+
+# ---- issue 9, bug 3: the rank whose own code raised is the cause ----------------------------
+
+def download_fails_on_rank_0(rank, world_size):
+    dist.barrier()
+    if rank == 0:
+        raise TimeoutError("download of the dataset timed out")  # the rank's own error
+    dist.all_reduce(torch.ones(4))  # rank 1 only sees rank 0 vanish: a symptom
+    return rank
+
+
+@pytest.fixture(scope="module")
+def own_timeout():
     with pytest.raises(RankError) as info:
-        # A long timeout: the failure must be reported because it happened, not by a timeout.
-        launch(fail_on_last_rank, world_size, how, str(tmp_path), timeout=60)
-    seconds = time.perf_counter() - start
-    last = world_size - 1
-    assert info.value.rank == last, str(info.value)
-    assert str(info.value).startswith(f"rank {last} ")
-    if how == "raise":
-        assert f"ValueError: boom from rank {last}" in str(info.value)
-        assert "fail_on_last_rank" in str(info.value), "the rank's traceback is included"
-    else:
-        assert "exit code 3" in str(info.value)
-    assert seconds < 30, f"took {seconds:.1f} s to report a failure"
-    assert len(os.listdir(tmp_path)) == world_size
-    assert_all_gone(tmp_path)
+        launch(download_fails_on_rank_0, 2, timeout=30)
+    return info.value
 
 
-def test_a_hung_rank_makes_its_peers_time_out(tmp_path):
-    start = time.perf_counter()
-    with pytest.raises(RankError) as info:
-        launch(fail_on_last_rank, 2, "hang", str(tmp_path), timeout=5)
-    seconds = time.perf_counter() - start
-    message = str(info.value)
-    assert info.value.rank == 0, message  # rank 0 is the one that noticed
-    assert "timed out" in message.lower(), message
-    assert "rank 1" in message, f"the message should point at the silent rank:\n{message}"
-    assert 5 <= seconds < 35, f"took {seconds:.1f} s"
-    assert_all_gone(tmp_path)
+def test_a_rank_whose_own_code_raised_is_blamed_not_its_peer(own_timeout):
+    assert own_timeout.rank == 0, str(own_timeout)
+    first = str(own_timeout).splitlines()[0]
+    assert first == "rank 0 failed: TimeoutError: download of the dataset timed out", first
 
 
-def test_lesson_01_runs_under_torchrun():
+def test_the_blamed_ranks_traceback_is_in_the_message(own_timeout):
+    message = str(own_timeout)
+    tb = message[message.index("--- traceback from rank 0 ---"):]
+    assert 'raise TimeoutError("download of the dataset timed out")' in tb, message
+
+
+def test_every_failed_ranks_traceback_is_kept(own_timeout):
+    assert set(own_timeout.tracebacks) == {0, 1}, str(own_timeout)
+    assert "download_fails_on_rank_0" in own_timeout.tracebacks[0]
+    assert "all_reduce" in own_timeout.tracebacks[1], own_timeout.tracebacks[1]
+    assert "rank 1 also failed, probably as a consequence" in str(own_timeout)
+
+
+def test_blame_prefers_own_error_then_death_then_symptom_then_arrival():
+    symptom, died, own = ("symptom", "s", "tb"), ("died", "d", ""), ("error", "e", "tb")
+    assert launcher._blame({1: symptom, 0: own}) == 0  # the symptom arrived first
+    assert launcher._blame({2: symptom, 1: died}) == 1
+    assert launcher._blame({1: symptom, 0: symptom}) == 1
+    assert launcher._blame({2: own, 0: own}) == 2
+
+
+def _raised(fn):
+    try:
+        fn()
+    except BaseException as e:  # noqa: BLE001
+        return e
+    raise AssertionError("did not raise")
+
+
+def test_an_error_is_classified_by_where_it_was_raised_not_by_its_words():
+    def own():
+        raise RuntimeError("connection reset by peer, timed out")  # words of a symptom
+
+    def transport():  # a native torch.distributed call that fails: nobody listens there
+        dist.TCPStore("127.0.0.1", launcher.free_port(), is_master=False,
+                      timeout=datetime.timedelta(seconds=0.5))
+
+    def misuse():  # raised inside torch.distributed, but a bad argument of this rank's own
+        dist.all_reduce(torch.ones(2), op="not an op")
+
+    assert not launcher._from_torch_distributed(_raised(own))
+    assert launcher._from_torch_distributed(_raised(transport))
+    assert not launcher._from_torch_distributed(_raised(misuse))
+
+
+# ---- issue 9, bug 2: nothing after fn returns fails because a peer is busy ------------------
+
+def rank_0_epilogue(rank, world_size, seconds):
+    total = torch.tensor([1.0])
+    dist.all_reduce(total)  # the last collective
+    if rank == 0:
+        time.sleep(seconds)  # evaluating, plotting, saving: longer than the timeout
+    return total.item()
+
+
+def test_a_rank_busy_longer_than_the_timeout_after_the_last_collective_is_no_failure():
+    assert launch(rank_0_epilogue, 2, 3.5, timeout=2) == [2.0, 2.0]
+
+
+# ---- issue 9: what torch's launchers accept is accepted -------------------------------------
+
+def accepted_endings(rank, world_size):
+    dist.all_reduce(torch.ones(1))
+    if rank == 1:
+        return (i for i in range(3))  # a generator: pickle cannot copy it
+    if rank == 2:
+        dist.destroy_process_group()  # the rank leaves the group itself
+        return "left"
+    if rank == 3:
+        sys.exit(0)
+    return "plain"
+
+
+@pytest.fixture(scope="module")
+def endings():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = launch(accepted_endings, 4)
+    return results, [str(w.message) for w in caught]
+
+
+def test_a_result_pickle_cannot_copy_arrives_as_none_with_a_warning(endings):
+    results, caught = endings
+    assert results[0] == "plain" and results[1] is None
+    assert any(m.startswith("rank 1 returned a value that cannot be sent back (generator")
+               for m in caught), caught
+
+
+def test_a_rank_may_destroy_its_own_group(endings):
+    assert endings[0][2] == "left"
+
+
+def test_sys_exit_zero_in_a_rank_is_success(endings):
+    assert endings[0][3] is None
+
+
+def exit_quietly(rank, world_size):
+    os._exit(0)
+
+
+def test_a_rank_that_ends_its_process_with_exit_code_0_is_success():
+    assert launch(exit_quietly, 1) == [None]
+
+
+def test_leftovers_of_earlier_runs_change_nothing(monkeypatch, tmp_path):
+    # What the tutorial's init_process, an earlier torchrun or a user's group leave behind.
+    monkeypatch.setenv("MASTER_ADDR", "10.255.255.1")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        results = launch(report, 2, "after")
+        assert [r["sum"] for r in results] == [3.0, 3.0]
+        assert dist.is_initialized() and dist.get_world_size() == 1, "our own group is untouched"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_rank_and_world_size_without_a_launchers_address_do_not_make_a_rank(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "7")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    assert not launcher.under_torchrun()
+    launcher.log("this process is no rank: it speaks")
+    assert capsys.readouterr().out == "this process is no rank: it speaks\n"
+
+
+# ---- the same convention under torchrun -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def torchrun_output():
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           os.path.join("lessons", "01_process_groups.py"), "--quick"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+           os.path.abspath(__file__)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
-    assert "[rank 0]" in output and "[rank 1]" in output, output[-3000:]
-    assert "under torchrun" in output, output[-3000:]
-    assert "Traceback" not in output, output[-3000:]
+    return dict(re.findall(r"^(rank \d launch \d): (.*)$", proc.stdout, re.M)), output
+
+
+def test_torchrun_rank_0_gets_every_ranks_result(torchrun_output):
+    lines, output = torchrun_output
+    assert lines.get("rank 0 launch 1") == "ranks [0, 1], sums [3.0, 3.0]", output[-3000:]
+
+
+def test_torchrun_other_ranks_get_none(torchrun_output):
+    lines, output = torchrun_output
+    assert lines.get("rank 1 launch 1") == "None", output[-3000:]
+
+
+def test_torchrun_a_second_launch_in_the_same_process_works(torchrun_output):
+    lines, output = torchrun_output
+    assert lines.get("rank 0 launch 2") == "[2.0, 2.0]", output[-3000:]
+    assert lines.get("rank 1 launch 2") == "None", output[-3000:]
+
+
+def summarize(results):
+    if results is None:
+        return "None"
+    return f"ranks {[r['rank'] for r in results]}, sums {[r['sum'] for r in results]}"
+
+
+if __name__ == "__main__":  # run by torchrun_output: every process is one rank
+    here = os.environ["RANK"]
+    print(f"rank {here} launch 1: {summarize(launch(report, None, 'torchrun'))}", flush=True)
+    # The second launch needs keys of its own in torchrun's store, and rank 0's epilogue is
+    # longer than the timeout: rank 1 must wait for it without failing.
+    print(f"rank {here} launch 2: {launch(rank_0_epilogue, None, 3.5, timeout=2)}", flush=True)

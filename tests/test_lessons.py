@@ -24,8 +24,14 @@ OPS = {"<=": operator.le, ">=": operator.ge, "==": operator.eq, "<": operator.lt
 
 # How many check lines each lesson prints at least (at --quick, world size 2).
 MIN_CHECKS = {}
+MIN_CHECKS["00"] = 2  # x.grad of sum(2x); manual update vs torch.optim.SGD
+MIN_CHECKS["01"] = 4  # all-reduce through env://, tcp://, file:// groups and through launch()
+MIN_CHECKS["05"] = 1  # ShardSampler vs DistributedSampler
+MIN_CHECKS["06"] = 6  # broadcast, (a) gradient, (b) weights, (c) ranks before/after training, (d)
 # Other numbers a lesson promises, per lesson number: (regex with one number group, op, bound).
 BOUNDS = {}
+BOUNDS["00"] = [(r"test accuracy ([\d.]+)%", ">=", 20.0)]  # synthetic, --quick: 28% here
+BOUNDS["06"] = [(r"Accuracy: \d+/\d+ \(([\d.]+)%\)", ">=", 25.0)]  # synthetic, --quick: 48% here
 # Lessons also run at an odd world size: chunks and shards that do not split evenly.
 ODD_WORLD_SIZE = ("03", "04", "06", "07")
 
