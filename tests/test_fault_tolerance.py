@@ -77,3 +77,22 @@ def test_peer_recovery_replaces_a_dead_rank_and_all_ranks_end_equal(world_size, 
 def test_a_bug_is_reported_not_recovered():
     with pytest.raises(RuntimeError, match="rank 1 failed: RuntimeError: a bug of our own"):
         run_with_peer_recovery(sum_steps, 2, args=(20, 1), timeout=60)
+
+
+def fail_once(rank, world_size, fail_until):
+    """Rank 1 fails in the first `fail_until` attempts; every rank reports its attempt."""
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if rank == 1 and attempt < fail_until:
+        raise ValueError(f"rank 1 fails in attempt {attempt}")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return attempt, t.item()
+
+
+def test_launch_max_restarts_restarts_every_rank_like_torchrun():
+    from dist_sgd.launch import RankError, launch
+    assert launch(fail_once, 2, 2, max_restarts=2) == [(2, 2.0), (2, 2.0)]
+    with pytest.raises(RankError, match="rank 1 failed: ValueError: rank 1 fails in attempt 1"):
+        launch(fail_once, 2, 2, max_restarts=1)
+    with pytest.raises(ValueError, match="max_restarts"):
+        launch(fail_once, 2, 0, max_restarts=-1)
