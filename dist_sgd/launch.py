@@ -218,13 +218,18 @@ def _context():
 
 
 def launch(fn, world_size=None, *args, backend=None, init_method="env",
-           timeout=DEFAULT_TIMEOUT, threads=1):
+           timeout=DEFAULT_TIMEOUT, threads=1, max_restarts=0):
     """Run fn(rank, world_size, *args) on every rank; return the list of results by rank.
 
     The list (index = rank) comes back in the process that reports: this one when it spawns
     the ranks, global rank 0 under torchrun; every other torchrun process gets None. Results
     must be picklable (one that is not arrives as None, with a warning).
     Raises RankError, naming the rank, when any rank fails; no process is left behind.
+
+    max_restarts: as torchrun's --max-restarts, for the ranks spawned here: when a rank fails,
+    every rank is stopped and all are started again, up to max_restarts times; each sees the
+    attempt in TORCHELASTIC_RESTART_COUNT (0 first), as under torchrun, so it can resume from
+    a checkpoint (lesson 14). Under torchrun, torchrun's own --max-restarts decides.
     """
     if timeout is None or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -239,7 +244,21 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
     except Exception as e:  # noqa: BLE001
         raise ValueError(f"launch() sends fn and its arguments to every rank by pickling them: "
                          f"fn must be a module-level function and args picklable ({e})") from e
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
     backend = backend or default_backend(world_size)
+    for attempt in range(max_restarts + 1):
+        try:
+            return _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt)
+        except RankError as e:
+            if attempt == max_restarts:
+                raise
+            print(f"launch: {str(e).splitlines()[0]}; restarting all {world_size} ranks "
+                  f"(restart {attempt + 1} of {max_restarts})", file=sys.stderr, flush=True)
+
+
+def _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt):
+    """One attempt: start world_size ranks here, collect their results, stop them all."""
     ctx = _context()
     workdir = tempfile.mkdtemp(prefix="dist_sgd_")
     url = init_url(init_method, workdir)
@@ -248,7 +267,8 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
     base = {k: v for k, v in os.environ.items()
             if not k.startswith("TORCHELASTIC_") and k not in _LAUNCHER_VARS}
     base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world_size),
-                LOCAL_WORLD_SIZE=str(world_size), **{SPAWNED: "1"})
+                LOCAL_WORLD_SIZE=str(world_size), TORCHELASTIC_RESTART_COUNT=str(attempt),
+                **{SPAWNED: "1"})
     procs, conns = [], []
     try:
         for rank in range(world_size):

@@ -1,0 +1,212 @@
+"""Recovery from a live peer, by hand (the idea of torchft): no restart, no checkpoint read.
+
+When a rank dies, synchronous SGD cannot just re-assign its work: every step needs every
+rank. Checkpoint-restart (dist_sgd.checkpoint + torchrun --max-restarts) stops everyone, starts
+everyone again and recomputes the steps since the last checkpoint. Here instead:
+
+1. The survivors keep their state in memory. Their next collective fails (the dead rank's
+   connections are closed), they catch that error and leave the broken process group.
+2. A supervisor (the parent process, which also hosts the rendezvous store) saw the rank die,
+   starts a replacement with the same rank, and announces a new *generation*.
+3. Everyone (survivors and replacement) forms a fresh process group for that generation,
+   through the same store under a new key prefix, so old and new messages never mix.
+4. The ranks agree on who holds the newest state (the highest step) and that rank sends its
+   weights, optimizer state and step to all others: the replacement catches up from a peer.
+   Training goes on from there; at most the step that failed is done again.
+
+    results, events = run_with_peer_recovery(train, world_size=3, args=(...), kill=(1, 40))
+    def train(group, *args):           # group: a PeerGroup; group.rank, group.world_size
+        ...; state = group.sync(state)  # after joining: take the newest state from a peer
+        while step < steps:
+            try: one_step(); group.progress(step)
+            except group.FAILURES as e: state = group.recover(state, e)  # re-form, sync
+
+Only gloo on one machine here; the same shape works across nodes with a shared store.
+"""
+import datetime
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from dist_sgd.launch import _context, free_port
+
+
+class PeerGroup:
+    """This rank's membership in a process group that can be re-formed after a failure."""
+
+    # What a collective raises when a peer's connections close: gloo raises a plain
+    # RuntimeError ("Connection reset by peer"), so a bug would look the same; recover() tells
+    # them apart by waiting for the supervisor, who only announces a generation when a rank died.
+    FAILURES = (RuntimeError,)
+
+    def __init__(self, store, rank, world_size, generation, backend="gloo", timeout=30.0):
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self.generation, self.backend, self.timeout = generation, backend, timeout
+
+    def join(self):
+        """Form the process group of the current generation, under its own key prefix."""
+        prefixed = dist.PrefixStore(f"generation-{self.generation}/", self.store)
+        dist.init_process_group(self.backend, store=prefixed, rank=self.rank,
+                                world_size=self.world_size,
+                                timeout=datetime.timedelta(seconds=self.timeout))
+
+    def sync(self, state):
+        """Everyone ends with the state of the rank that is furthest ahead (lowest rank among
+        equals). `state` is any picklable object with a "step" entry (None = nothing yet)."""
+        steps = [None] * self.world_size
+        dist.all_gather_object(steps, -1 if state is None else state["step"])
+        src = max(range(self.world_size), key=lambda r: (steps[r], -r))
+        box = [state if self.rank == src else None]
+        dist.broadcast_object_list(box, src=src)
+        self.store.set(f"resumed/{self.generation}/{self.rank}", repr(time.time()))
+        return box[0]
+
+    def recover(self, state, error):
+        """After a failed collective: leave the broken group, wait for the supervisor's next
+        generation, join it, and take the newest state from a peer. When no rank died (the
+        supervisor announces nothing), `error` was a bug of our own: raise it."""
+        self.store.set(f"failed/{self.generation}/{self.rank}", repr(time.time()))
+        self.store.add(f"failures/{self.generation}", 1)  # the supervisor watches this count
+        dist.destroy_process_group()
+        self.generation += 1
+        key = f"generation/{self.generation}"
+        self.store.wait([key], datetime.timedelta(seconds=self.timeout))
+        if self.store.get(key) == b"abort":  # nobody died: the error was a bug, report it
+            raise error
+        self.join()
+        return self.sync(state)
+
+    def progress(self, step):
+        """Tell the supervisor how far training is (it uses this to pick when to kill)."""
+        if self.rank == 0:
+            self.store.set("progress", str(step))
+
+
+def _child(fn, rank, world_size, port, generation, args, env, conn):
+    os.environ.clear()
+    os.environ.update(env)
+    torch.set_num_threads(1)
+    try:
+        store = dist.TCPStore("127.0.0.1", port, is_master=False,
+                              timeout=datetime.timedelta(seconds=60))
+        group = PeerGroup(store, rank, world_size, generation)
+        group.join()
+        result = fn(group, *args)
+        dist.barrier()  # nobody leaves while a peer still needs the group
+        dist.destroy_process_group()
+        conn.send_bytes(pickle.dumps(("ok", result)))
+    except BaseException as e:  # noqa: BLE001 - report everything to the supervisor
+        conn.send_bytes(pickle.dumps(("error", f"{type(e).__name__}: {e}", traceback.format_exc())))
+        os._exit(1)
+
+
+def run_with_peer_recovery(fn, world_size, args=(), kill=None, max_replacements=3, timeout=120):
+    """Run fn(group, *args) on world_size ranks; replace a rank that dies, up to
+    max_replacements times. kill=(rank, step) kills that rank (SIGKILL) once rank 0 reported
+    that step: the failure the lesson and the tests inject. Returns (results by rank, events):
+    events holds the times of each kill, replacement and resume, for measuring recovery."""
+    ctx, port = _context(), free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", WORLD_SIZE=str(world_size))
+    procs, conns, generation, events = {}, {}, 0, []
+
+    def start(rank):
+        recv_end, send_end = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_child, name=f"rank{rank}", args=(
+            fn, rank, world_size, port, generation, args, dict(env, RANK=str(rank)), send_end))
+        p.start()
+        send_end.close()
+        procs[rank], conns[rank] = p, recv_end
+
+    for rank in range(world_size):
+        start(rank)
+    results, deadline, failed_since, errors = {}, time.monotonic() + timeout, None, {}
+    try:
+        while len(results) < world_size:
+            # Ranks report failed collectives; if no rank died within GRACE seconds of the
+            # first report, the failure was a bug, not a dead peer: abort instead of recovering.
+            if failed_since is None and int(store.add(f"failures/{generation}", 0)) > 0:
+                failed_since = time.monotonic()
+            if failed_since is not None and time.monotonic() - failed_since > GRACE:
+                store.set(f"generation/{generation + 1}", "abort")
+                failed_since = float("inf")
+            if errors and (len(errors) + len(results) == world_size or
+                           time.monotonic() - min(errors.values())[0] > GRACE):
+                raise RuntimeError(_blame(store, generation, errors))
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ranks {sorted(set(procs) - set(results))} did not finish "
+                                   f"within {timeout} s")
+            if kill and _reached(store, kill[1]):
+                os.kill(procs[kill[0]].pid, signal.SIGKILL)
+                events.append(("killed", kill[0], time.time()))
+                kill = None
+            running = [r for r in procs if r not in results and r not in errors]
+            multiprocessing.connection.wait([conns[r] for r in running] +
+                                            [procs[r].sentinel for r in running], timeout=0.01)
+            for rank in running:
+                msg, dead = None, False
+                if conns[rank].poll():
+                    try:
+                        msg = pickle.loads(conns[rank].recv_bytes())
+                    except EOFError:  # closed without a word: the process died
+                        dead = True
+                if msg is not None and msg[0] == "ok":
+                    results[rank] = msg[1]
+                elif msg is not None:
+                    errors[rank] = (time.monotonic(), msg[1], msg[2])
+                elif dead or not procs[rank].is_alive():
+                    if not dead and conns[rank].poll():
+                        continue  # it reported just before exiting: read it next round
+                    if max_replacements <= 0:
+                        raise RuntimeError(f"rank {rank} died (exit code {procs[rank].exitcode})"
+                                           f" and no replacements are left")
+                    max_replacements -= 1
+                    generation, failed_since = generation + 1, None
+                    procs[rank].join(timeout=5)
+                    start(rank)  # the replacement joins the next generation
+                    store.set(f"generation/{generation}", "1")
+                    events.append(("replaced", rank, time.time()))
+        events += _resume_times(store, generation, world_size)
+        return [results[r] for r in range(world_size)], events
+    finally:
+        for p in procs.values():
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=5)
+
+
+GRACE = 2.0  # seconds: a death shows up at the supervisor within milliseconds
+
+
+def _blame(store, generation, errors):
+    """The cause among the ranks that raised: one that raised outside recovery (no failure
+    report: its own code), else the one whose collective failed first."""
+    def first_failure(rank):
+        key = f"failed/{generation}/{rank}"
+        return float(store.get(key)) if store.check([key]) else float("-inf")
+    rank = min(errors, key=first_failure)
+    lines = [f"rank {rank} failed: {errors[rank][1]}"]
+    lines += [f"rank {r} also failed, as a consequence: {e[1][:200]}" for r, e in errors.items()
+              if r != rank]
+    return "\n".join(lines + [f"--- traceback from rank {rank} ---", errors[rank][2]])
+
+
+def _reached(store, step):
+    return store.check(["progress"]) and int(store.get("progress")) >= step
+
+
+def _resume_times(store, generation, world_size):
+    out = []
+    for g in range(1, generation + 1):
+        for r in range(world_size):
+            key = f"resumed/{g}/{r}"
+            if store.check([key]):
+                out.append(("resumed", r, float(store.get(key))))
+    return out
