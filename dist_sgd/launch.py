@@ -236,7 +236,7 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
     if not callable(fn):
         raise TypeError(f"fn must be a function, got {fn!r}")
     if under_torchrun():
-        return _run_here(fn, world_size, args, backend, timeout)
+        return _run_here(fn, world_size, args, backend, timeout, threads)
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     try:
@@ -389,7 +389,7 @@ def _launcher_store(rank, timeout):
                          timeout=datetime.timedelta(seconds=timeout))
 
 
-def _run_here(fn, world_size, args, backend, timeout):
+def _run_here(fn, world_size, args, backend, timeout, threads):
     """torchrun made this process a rank already: join the group it describes and run fn.
     The results meet in the launcher's store, which outlives every operation's timeout."""
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -400,6 +400,7 @@ def _run_here(fn, world_size, args, backend, timeout):
         print(f"note: running under torchrun with WORLD_SIZE={size}; "
               f"ignoring the requested world size {world_size}", flush=True)
     backend = backend or default_backend(int(os.environ.get("LOCAL_WORLD_SIZE", size)))
+    torch.set_num_threads(threads)  # as spawned ranks: a plain RANK=... start has no OMP_NUM_THREADS
     store = _launcher_store(rank, timeout)
     # Each launch() in this process gets keys of its own: torchrun's store keeps the keys of
     # earlier groups, and a new group that read them would try to connect to the old one.
