@@ -125,8 +125,9 @@ ALL_REDUCE = textwrap.dedent("""
         dist.all_reduce(t)
         return max_diff(t, torch.stack(inputs).sum(0)), dist.get_world_size()
 
-    diff, size = launch(work, None)[0]
-    print(f"world size {size}:", check("2-node all_reduce vs the single-machine sum", diff, 1e-6))
+    results = launch(work, None)  # every rank's result on node 0's rank 0, None elsewhere
+    for diff, size in results or []:
+        print(f"world size {size}:", check("2-node all_reduce vs the single-machine sum", diff, 1e-6))
 """)
 
 
