@@ -8,9 +8,9 @@ START), and records every gradient DDP hands back plus the hook's memory.
 The model's gradient matrices are full rank (batch 24 per rank > every layer's width, and a
 regression loss: cross-entropy's last-layer gradient has rows summing to zero), so
 PowerSGD at rank 1 or 2 really drops something: equal results are not the lossless case.
-Layers of equal shape sit apart (fc2 and head), because torch lays its P's and Q's out grouped
-by shape and the random Q's depend on that order; a conv weight is seen as a matrix; `side`
-(5 x 12) is compressed at rank 1 but not at rank 2 (min_compression_rate).
+The conv weight (4 x 2 x 3 x 3, seen as a 4 x 18 matrix) and `side` (4 x 18) have the same
+matrix shape but sit far apart: torch lays its P's and Q's out grouped by shape and the random
+Q's depend on that order. Both are compressed at rank 1 but not at rank 2 (min_compression_rate).
 """
 import numpy as np
 import pytest
@@ -49,9 +49,11 @@ class Model(nn.Module):
         self.conv = nn.Conv2d(2, 4, 3)        # weight 4 x 2 x 3 x 3 -> a 4 x 18 matrix
         self.fc1 = nn.Linear(64, 16)
         self.fc2 = nn.Linear(16, 16)
-        self.fc3 = nn.Linear(16, 12)
-        self.head = nn.Linear(12, 16)         # same shape as fc2, not next to it
-        self.side = nn.Linear(12, 5)          # 5 x 12: compressed at rank 1, not at rank 2
+        self.fc3 = nn.Linear(16, 18)
+        self.head = nn.Linear(18, 16)
+        # 4 x 18, as the conv weight seen as a matrix, far from it; compressed at rank 1
+        # ((4 + 18) * 1 * 2 < 72), not at rank 2 (min_compression_rate).
+        self.side = nn.Linear(18, 4)
 
     def forward(self, x):
         h = torch.tanh(self.conv(x)).flatten(1)
@@ -63,7 +65,7 @@ class Model(nn.Module):
 
 def batch(step, rank):
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(PER_RANK, 2, 6, 6, generator=g), torch.randn(PER_RANK, 21, generator=g)
+    return torch.randn(PER_RANK, 2, 6, 6, generator=g), torch.randn(PER_RANK, 20, generator=g)
 
 
 def hooks(name, ours, group):

@@ -31,6 +31,7 @@ MEASUREMENTS = {
     "breakdown": "figure 4: where a step's time goes (compute, communication, waiting)",
     "ddp": "figure 5 and more: our DDP vs torch DDP, bucket sweep, backward timeline",
     "comparison": "lesson 09: every strategy trained side by side (loss, accuracy, time, memory)",
+    "compress": "lesson 12: compression hooks (bytes, step time ours vs torch's, error feedback)",
     "atscale": "figure 6: the cost model at 1..1024 workers vs published results",
 }
 
