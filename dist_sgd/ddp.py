@@ -5,128 +5,43 @@
     loss.backward()                     # gradients come back averaged over every rank
     opt.step()
 
-What it does, in the order it happens:
+Read it in two parts. BucketedDDP, first, is the whole idea (step 3 of lesson 07, after
+ddp_steps.py's steps 1 and 2):
 1. Construction: every rank takes rank 0's parameters and buffers (ranks may start different),
    and the trainable parameters are grouped, in *reverse* order, into buckets of about
    `bucket_cap_mb` MiB (None: one bucket; 0: one bucket per parameter). Reverse, because
    backward produces the last layer's gradients first.
-2. Backward: a hook on each parameter fires as soon as autograd has accumulated its gradient;
-   the gradient (divided by the world size) is copied into its bucket. When a bucket is full it
-   is all-reduced *asynchronously*, while autograd goes on computing earlier layers' gradients:
-   communication overlaps computation. Buckets are launched strictly in bucket order, because
-   every rank must issue the same collectives in the same order.
+2. Backward: a hook on each parameter fires as soon as autograd has accumulated its gradient,
+   which is copied into its bucket. When a bucket is full it is all-reduced *asynchronously*,
+   while autograd goes on computing earlier layers' gradients: communication overlaps
+   computation. Buckets are launched strictly in bucket order, because every rank must issue
+   the same collectives in the same order.
 3. End of backward: buckets still waiting for a gradient (a parameter unused in this step on
-   this rank) are completed - with the parameter's existing .grad, else zeros - and launched in
+   this rank) are completed with the parameter's existing .grad, else zeros, and launched in
    order, so no rank ever waits for an all-reduce its peer never starts. Then we wait for every
    bucket and copy the averages back into .grad, all before loss.backward() returns.
 
-Buffers (BatchNorm's running statistics) are broadcast at construction only; torch's DDP, with
-its default broadcast_buffers=True, broadcasts them from rank 0 before every forward as well.
-None of the lessons' models has buffers that change, so we leave that out (an exercise).
-
-Unused parameters: each bucket carries, after its gradients, one "had a gradient" flag per
-parameter; the same all-reduce sums them, so every rank learns how many ranks used each
-parameter at the price of a few extra numbers per bucket (torch DDP's find_unused_parameters
-spends an extra collective on it). A parameter no rank used keeps its .grad untouched (None
-stays None, as in torch DDP), so an optimizer skips it instead of applying momentum to a zero.
+DistributedDataParallel, second, adds what a real training loop needs, one method each: torch's
+constructor arguments (accepted with torch's meaning, or refused by name), communication hooks
+(register_comm_hook, with torch's contract; all_reduce= is one), gradients no rank produced
+left None (as torch's, where a zero would move momentum), no_sync() for gradient accumulation,
+buffers broadcast before each forward, and a trace of what happened when (lesson 07's timeline).
 """
 import contextlib
+import numbers
 import time
 import weakref
-import zlib
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from .ddp_hooks import GradBucket, all_reduce_hook, call_when_backward_ends
 from .sync import broadcast_parameters
 
 MiB = 1024 * 1024
 
-# How to run code when the whole backward pass is over: ask autograd's engine to call us back.
-# torch's own DDP reducer (C++) does exactly this (Engine::queue_callback in
-# Reducer::mark_variable_ready), and its Python code reaches the engine as the
-# `_execution_engine` attribute of torch.autograd's legacy tensor class, a deprecated name this
-# project does not use. That attribute is just an instance of torch._C._ImperativeEngine, a
-# handle to the one engine of the process, so we make our own handle (a private torch API, as
-# torch's own wrappers use). A callback queued while backward runs is called after the last
-# gradient is accumulated and before backward() returns (lesson 07 and the tests check it).
-_ENGINE = torch._C._ImperativeEngine()
-
-
-class AllReduceLauncher:
-    """Starts SUM all-reduces in order; each start returns a handle with .wait().
-
-    torch.distributed.all_reduce is asynchronous already (async_op=True returns a Work that
-    its backend progresses on its own threads). Ours, dist_sgd.collectives.all_reduce, blocks
-    until done, so it runs on one helper thread: backward goes on meanwhile (torch's kernels and
-    our send/recv release the GIL), and a single thread keeps the launch order, which every
-    rank must agree on. Waiting for it at the end of backward instead would be correct too, but
-    would serialize communication after computation and lose the overlap we are here to show.
-    """
-
-    def __init__(self, all_reduce=None):
-        self.all_reduce = None if all_reduce is dist.all_reduce else all_reduce
-        self._pool = None
-        if self.all_reduce is not None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="all_reduce")
-
-    def start(self, tensor, on_done=None):
-        if self.all_reduce is None:
-            work = dist.all_reduce(tensor, async_op=True)
-            if on_done is None:
-                return work
-            # on_done runs on gloo/NCCL's thread when the result is there; waiting for that
-            # callback too makes the trace complete whenever wait() returns.
-            return _Chained(work, work.get_future().then(lambda _fut: on_done()))
-        return _FutureWork(self._pool.submit(self._run, tensor, on_done))
-
-    def _run(self, tensor, on_done):
-        self.all_reduce(tensor)
-        if on_done is not None:
-            on_done()
-
-
-class _Chained:
-    def __init__(self, work, callback_future):
-        self.work, self.callback_future = work, callback_future
-
-    def wait(self):
-        self.work.wait()
-        self.callback_future.wait()
-
-
-class _FutureWork:
-    def __init__(self, future):
-        self.future = future
-
-    def wait(self):
-        self.future.result()  # re-raises, here, whatever the helper thread raised
-
-
-class Bucket:
-    """Trainable parameters whose gradients travel together in one flat buffer."""
-
-    def __init__(self, index, params, names):
-        self.index, self.params, self.names = index, params, names
-        self.numel = sum(p.numel() for p in params)
-        p0 = params[0]
-        # [gradient of params[0] | gradient of params[1] | ... | one used-flag per parameter]
-        self.buffer = torch.zeros(self.numel + len(params), dtype=p0.dtype, device=p0.device)
-        self.flags = self.buffer[self.numel:]
-        self.views, offset = [], 0
-        for p in params:
-            self.views.append(self.buffer[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
-        self.nbytes = self.numel * p0.element_size()
-        self.reset()
-
-    def reset(self):
-        self.ready = [False] * len(self.params)
-        self.used = [False] * len(self.params)  # this rank had a gradient for it
-        self.pending = len(self.params)
-        self.work = None
+# ============================== the core: step 3 =============================================
 
 
 def assign_buckets(named_params, bucket_cap_mb):
@@ -151,26 +66,60 @@ def assign_buckets(named_params, bucket_cap_mb):
     return sorted(done, key=lambda b: order[id(b[0][1])])
 
 
-class DistributedDataParallel(nn.Module):
+class Bucket:
+    """Trainable parameters whose gradients travel together in one flat buffer."""
+
+    def __init__(self, index, params, names):
+        self.index, self.params, self.names = index, params, names
+        self.numel = sum(p.numel() for p in params)
+        self.flat = torch.zeros(self.numel, dtype=params[0].dtype, device=params[0].device)
+        self.views, offset = [], 0  # views[j]: params[j]'s slice of flat, shaped like it
+        for p in params:
+            self.views.append(self.flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self.nbytes = self.numel * params[0].element_size()
+        self.reset()
+
+    def reset(self):
+        self.ready = [False] * len(self.params)
+        self.pending = len(self.params)
+        self.future = None  # the all-reduce in flight; its value: the averaged flat buffer
+
+    def fill(self, j, grad):
+        if self.ready[j]:
+            raise RuntimeError(f"gradient of {self.names[j]} became ready twice in one "
+                               "backward pass (reentrant backward, checkpointing?): not supported")
+        if grad is None:
+            self.views[j].zero_()
+        elif grad.is_sparse:
+            raise ValueError(f"{self.names[j]} has a sparse gradient (nn.Embedding(sparse=True)?);"
+                             " our DistributedDataParallel handles dense gradients only")
+        else:
+            self.views[j].copy_(grad)
+        self.ready[j] = True
+        self.pending -= 1
+
+
+class BucketedDDP(nn.Module):
     """Data-parallel training: gradients averaged over ranks, in buckets, during backward."""
 
-    def __init__(self, module, bucket_cap_mb=25.0, all_reduce=None):
+    def __init__(self, module, bucket_cap_mb=25.0, init_sync=True):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("DistributedDataParallel needs a process group: build it inside "
                                "dist_sgd.launch.launch(...) or a torchrun'd script")
         self.module = module
         self.world_size = dist.get_world_size()
-        self.require_backward_grad_sync = True  # no_sync() turns it off ...
-        self._sync_next_backward = True  # ... and forward() passes it on to backward
-        self.trace = None  # set to a list to record hook/launch/done times (lesson 07)
-        self._comm = AllReduceLauncher(all_reduce)
-        _broadcast_from_rank0(module)
+        if init_sync:  # everyone starts from rank 0's weights (False: the caller promises it)
+            broadcast_parameters(module, src=0)
         # module.named_parameters() yields a tied (shared) Parameter once: reduced once.
         trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not trainable:
+            raise RuntimeError("DistributedDataParallel is not needed when a module doesn't "
+                               "have any parameter that requires a gradient.")  # torch's words
         self.buckets = [Bucket(i, [p for _, p in group], [n for n, _ in group])
                         for i, group in enumerate(assign_buckets(trainable, bucket_cap_mb))]
-        self._slot = {p: (b.index, j) for b in self.buckets for j, p in enumerate(b.params)}
+        self._slot = {p: (b, j) for b in self.buckets for j, p in enumerate(b.params)}
         self._next_bucket = 0       # buckets launch in this order only
         self._in_backward = False   # a hook fired and the end-of-backward work is still due
         ddp = weakref.ref(self)     # the hooks must not keep a dropped wrapper alive
@@ -182,17 +131,200 @@ class DistributedDataParallel(nn.Module):
         self._hooks = [p.register_post_accumulate_grad_hook(hook) for _, p in trainable]
 
     def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+    def _grad_ready(self, param):
+        """Autograd accumulated param.grad: put it in its bucket; launch what is complete."""
+        if not self._in_backward:
+            self._in_backward = True
+            call_when_backward_ends(self.finish_gradient_synchronization)
+        bucket, j = self._slot[param]
+        bucket.fill(j, param.grad)
+        self._launch_complete_buckets()
+
+    def _launch_complete_buckets(self):
+        buckets = self.buckets
+        while self._next_bucket < len(buckets) and buckets[self._next_bucket].pending == 0:
+            bucket = buckets[self._next_bucket]
+            bucket.future = self._all_reduce_bucket(bucket)
+            self._next_bucket += 1
+
+    def _all_reduce_bucket(self, bucket):
+        """Start averaging the bucket; returns a Future of the averaged flat buffer.
+        Divide first, then SUM (as torch's DDP: float16 sums cannot overflow)."""
+        bucket.flat.div_(self.world_size)
+        work = dist.all_reduce(bucket.flat, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+
+    def finish_gradient_synchronization(self):
+        """Wait for every bucket and write the averages into .grad.
+
+        Called by autograd's engine when backward ends, so usually there is nothing left to do
+        here: calling it again (say, before optimizer.step()) is harmless.
+        """
+        if not self._in_backward:
+            return
+        try:
+            for bucket in self.buckets[self._next_bucket:]:  # not complete: unused parameters
+                for j, p in enumerate(bucket.params):
+                    if not bucket.ready[j]:
+                        bucket.fill(j, p.grad)
+            self._launch_complete_buckets()
+            averaged = [bucket.future.wait() for bucket in self.buckets]
+            for bucket, flat in zip(self.buckets, averaged):
+                self._write_grads(bucket, flat)
+        finally:
+            for bucket in self.buckets:
+                bucket.reset()
+            self._next_bucket = 0
+            self._in_backward = False
+
+    def _write_grads(self, bucket, averaged):
+        offset = 0
+        for p in bucket.params:
+            self._write_grad(p, averaged[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+    def _write_grad(self, p, mean):
+        if p.grad is None:
+            p.grad = mean.to(p.dtype, copy=True)  # a copy: the bucket is reused next step
+        else:
+            p.grad.copy_(mean)
+
+
+# ============================== the extras ===================================================
+
+# torch DDP arguments ours refuses unless left at torch's default: name -> (default, why).
+_REFUSED = {
+    "process_group": (None, "ours reduces over the default (WORLD) group only"),
+    "gradient_as_bucket_view": (False, "ours copies the averages back into .grad"),
+    "delay_all_reduce_named_params": (None, "ours all-reduces every trainable parameter"),
+    "param_to_hook_all_reduce": (None, "ours all-reduces every trainable parameter"),
+    "mixed_precision": (None, "no mixed precision in ours"),
+    "device_mesh": (None, "ours reduces over the default (WORLD) group only"),
+    "skip_all_reduce_unused_params": (False, "ours always reduces every bucket"),
+    "bucket_cap_mb_list": (None, "ours has one bucket_cap_mb"),
+    "batched_grad_copy": (False, "not implemented in ours"),
+}
+# Accepted with torch's meaning, though ours needs no switch for it: unused parameters are
+# always found (find_unused_parameters), a static graph changes nothing (static_graph),
+# check_reduction is a no-op in torch too, and dim only matters for several devices.
+_ACCEPTED = {"find_unused_parameters", "static_graph", "check_reduction", "dim"}
+
+
+class DistributedDataParallel(BucketedDDP):
+    """BucketedDDP plus what torch's offers a training loop; see the module docstring.
+
+    DistributedDataParallel(module, bucket_cap_mb=25.0, all_reduce=None, **torch_arguments):
+    bucket_cap_mb None means one bucket (torch: None means its 25 MiB default). all_reduce:
+    None for torch.distributed.all_reduce, or a hand-written blocking one with the same
+    in-place signature (dist_sgd.collectives.all_reduce), run on a helper thread. Of torch's
+    other arguments, device_ids / output_device (one device, the module's), broadcast_buffers,
+    init_sync, find_unused_parameters, static_graph, check_reduction and dim are accepted with
+    torch's meaning; the rest raise ValueError naming the argument unless left at torch's default.
+    """
+
+    def __init__(self, module, bucket_cap_mb=25.0, all_reduce=None, *, device_ids=None,
+                 output_device=None, broadcast_buffers=True, init_sync=True, **torch_arguments):
+        if not (bucket_cap_mb is None or isinstance(bucket_cap_mb, numbers.Real)):
+            raise TypeError(f"bucket_cap_mb must be a number or None, got {bucket_cap_mb!r} "
+                            "(torch's second positional argument is device_ids: pass it by name)")
+        for name, value in torch_arguments.items():
+            if name == "process_group" and value is dist.group.WORLD:
+                continue  # the default group, named: what ours uses anyway
+            if name in _REFUSED and value != _REFUSED[name][0]:
+                raise ValueError(f"our DistributedDataParallel does not support {name}="
+                                 f"{value!r}: {_REFUSED[name][1]}")
+            if name not in _REFUSED and name not in _ACCEPTED:
+                raise TypeError(f"unexpected argument {name!r} (torch's DDP does not take it "
+                                "either, or it is newer than torch 2.14)")
+        self._device = _single_device(module, device_ids, output_device)
+        super().__init__(module, bucket_cap_mb, init_sync)
+        self.broadcast_buffers = broadcast_buffers
+        self.require_backward_grad_sync = True  # no_sync() turns it off ...
+        self._sync_next_backward = True  # ... and forward() passes it on to backward
+        self.trace = None  # set to a list to record hook/launch/done times (lesson 07)
+        self._params = [p for b in self.buckets for p in b.params]
+        self._used = None  # per parameter: how many ranks had a gradient (a Future)
+        self._comm_hook = None
+        if all_reduce is not None and all_reduce is not dist.all_reduce:
+            self.register_comm_hook(None, all_reduce_hook(all_reduce))
+
+    # ---- communication hooks (torch's contract) ----------------------------------------------
+
+    def register_comm_hook(self, state, hook):
+        """hook(state, bucket) -> torch.futures.Future of the bucket's averaged flat gradient,
+        called as each bucket is launched; `bucket` has torch's GradBucket methods. Runs
+        torch's default_hooks.allreduce_hook / fp16_compress_hook and powerSGD_hook."""
+        if self._comm_hook is not None:
+            raise RuntimeError("register_comm_hook can be called only once (all_reduce= "
+                               "registers one too)")
+        if not callable(hook):
+            raise TypeError(f"hook must be callable as hook(state, bucket), got {hook!r}")
+        self._comm_hook = (state, hook)
+
+    def _all_reduce_bucket(self, bucket):
+        self._record("launch", bucket=bucket.index)
+        if self._comm_hook is None:
+            future = super()._all_reduce_bucket(bucket)
+        else:
+            state, hook = self._comm_hook
+            is_last = bucket.index == len(self.buckets) - 1
+            future = hook(state, GradBucket(bucket.index, bucket.flat, bucket.params, is_last))
+            if not isinstance(future, torch._C.Future):  # torch.futures.Future or its C++ base
+                raise TypeError(f"the communication hook {hook!r} returned {type(future)}, "
+                                "not a torch.futures.Future")
+        if self.trace is not None:  # chained, so the record is there when wait() returns
+            future = future.then(lambda f: (self._record("done", bucket=bucket.index),
+                                            f.value())[1])
+        return future
+
+    # ---- unused parameters: a gradient no rank produced stays as it was (None stays None) ---
+
+    def _launch_complete_buckets(self):
+        super()._launch_complete_buckets()
+        if self._next_bucket == len(self.buckets) and self._used is None:
+            # One small extra all-reduce counts, per parameter, the ranks that had a gradient
+            # (torch's find_unused_parameters does the same). Without a comm hook it goes now,
+            # behind the last bucket; a hook may still be issuing collectives from callbacks,
+            # so then it waits until the hooks' futures are done (in _write_grad).
+            had = torch.tensor([float(p.grad is not None) for p in self._params])
+            self._used = _Later(had, start_now=self._comm_hook is None)
+
+    def _write_grad(self, p, mean):
+        if self._used.counts(self._params)[p] > 0:  # else no rank used it: leave .grad as it
+            super()._write_grad(p, mean)             # was (None stays None), as torch DDP does
+
+    def finish_gradient_synchronization(self):
+        if not self._in_backward:
+            return
+        self._record("flush")
+        try:
+            super().finish_gradient_synchronization()
+        finally:
+            self._used = None
+        self._record("synchronized")
+
+    # ---- no_sync, forward (buffers, device) and the trace ----------------------------------------
+
+    def forward(self, *inputs, **kwargs):
         # As torch's: whether the coming backward synchronizes is decided here, so a forward
         # inside no_sync() followed by a backward outside it still only accumulates.
         if torch.is_grad_enabled():
             self._sync_next_backward = self.require_backward_grad_sync
+        if self.broadcast_buffers:  # torch's default: rank 0's buffers before every forward
+            with torch.no_grad():
+                for buffer in self.module.buffers():
+                    dist.broadcast(buffer, 0)
+        if self._device is not None:
+            inputs, kwargs = _to_device((inputs, kwargs), self._device)
         return self.module(*inputs, **kwargs)
 
-    def parameters(self, recurse=True):
-        return self.module.parameters(recurse)
-
-    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
-        return self.module.named_parameters(prefix, recurse, remove_duplicate)
+    def _grad_ready(self, param):
+        if self._sync_next_backward:
+            bucket, j = self._slot[param]
+            self._record("hook", bucket=bucket.index, param=bucket.names[j])
+            super()._grad_ready(param)
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -210,90 +342,58 @@ class DistributedDataParallel(nn.Module):
             handle.remove()
         self._hooks = []
 
-    # ---- during backward ---------------------------------------------------------------
-
-    def _grad_ready(self, param):
-        """Autograd accumulated param.grad: put it in its bucket; launch what is complete."""
-        if not self._sync_next_backward:
-            return
-        if not self._in_backward:
-            self._in_backward = True
-            _ENGINE.queue_callback(self.finish_gradient_synchronization)
-        b, j = self._slot[param]
-        bucket = self.buckets[b]
-        if bucket.ready[j]:
-            raise RuntimeError(f"gradient of {bucket.names[j]} became ready twice in one "
-                               "backward pass (reentrant backward?); not supported")
-        self._record("hook", bucket=b, param=bucket.names[j])
-        self._fill(bucket, j, param.grad)
-        self._launch_complete_buckets()
-
-    def _fill(self, bucket, j, grad):
-        if grad is None:
-            bucket.views[j].zero_()
-        else:  # divide on the way in, as torch does: the SUM is then the average
-            torch.div(grad, self.world_size, out=bucket.views[j])
-        bucket.used[j] = grad is not None
-        bucket.ready[j] = True
-        bucket.pending -= 1
-
-    def _launch_complete_buckets(self):
-        buckets = self.buckets
-        while self._next_bucket < len(buckets) and buckets[self._next_bucket].pending == 0:
-            bucket = buckets[self._next_bucket]
-            bucket.flags.copy_(torch.tensor(bucket.used, dtype=bucket.flags.dtype))
-            self._record("launch", bucket=bucket.index)
-            on_done = None
-            if self.trace is not None:
-                on_done = lambda i=bucket.index: self._record("done", bucket=i)  # noqa: E731
-            bucket.work = self._comm.start(bucket.buffer, on_done)
-            self._next_bucket += 1
-
-    def finish_gradient_synchronization(self):
-        """Wait for every bucket and write the averages into .grad.
-
-        Called by autograd's engine when backward ends, so usually there is nothing left to do
-        here: calling it again (say, before optimizer.step()) is harmless.
-        """
-        if not self._in_backward:
-            return
-        self._record("flush")
-        for bucket in self.buckets[self._next_bucket:]:  # not complete: unused parameters
-            for j, p in enumerate(bucket.params):
-                if not bucket.ready[j]:
-                    self._fill(bucket, j, p.grad)
-        self._launch_complete_buckets()
-        for bucket in self.buckets:
-            bucket.work.wait()
-            used = bucket.flags.tolist()  # how many ranks had each gradient (one sync per bucket)
-            for p, view, n_used in zip(bucket.params, bucket.views, used):
-                if n_used == 0:
-                    continue  # no rank used it: leave .grad as it was, as torch DDP does
-                if p.grad is None:
-                    p.grad = view.clone()
-                else:
-                    p.grad.copy_(view)
-            bucket.reset()
-        self._next_bucket = 0
-        self._in_backward = False
-        self._record("synchronized")
-
     def _record(self, event, **fields):
         if self.trace is not None:
             self.trace.append(dict(event=event, t=time.perf_counter(), **fields))
 
 
-def _broadcast_from_rank0(module):
-    """Everyone starts from rank 0's parameters and buffers. First check that everyone holds
-    the same shapes: a mismatch would otherwise surface as a hang or a garbled broadcast."""
-    tensors = list(module.parameters()) + list(module.buffers())
-    shapes = str([tuple(t.shape) for t in tensors]).encode()
-    mine = [len(tensors), sum(t.numel() for t in tensors), zlib.crc32(shapes)]
-    theirs = torch.tensor(mine, dtype=torch.int64,
-                          device=tensors[0].device if tensors else torch.device("cpu"))
-    dist.broadcast(theirs, 0)
-    if theirs.tolist() != mine:
-        raise ValueError(f"rank {dist.get_rank()}: the module differs from rank 0's "
-                         f"(tensors, elements, shape checksum: {mine} here, {theirs.tolist()} "
-                         "on rank 0)")
-    broadcast_parameters(module, src=0)
+class _Later:
+    """An all-reduce of per-parameter counts, started now or when first needed."""
+
+    def __init__(self, counts, start_now):
+        self._counts, self._work, self._result = counts, None, None
+        if start_now:
+            self._work = dist.all_reduce(self._counts, async_op=True)
+
+    def counts(self, params):
+        if self._result is None:
+            if self._work is None:
+                dist.all_reduce(self._counts)
+            else:
+                self._work.wait()
+            self._result = dict(zip(params, self._counts.tolist()))
+        return self._result
+
+
+def _single_device(module, device_ids, output_device):
+    """torch's device_ids for one device per process: must be the module's device."""
+    if device_ids is None:
+        if output_device is not None:
+            raise ValueError("output_device without device_ids: torch's DDP ignores it on CPU; "
+                             "ours refuses it so the mistake shows")
+        return None
+    if len(device_ids) != 1:
+        raise ValueError(f"device_ids={device_ids!r}: ours, like torch's, takes exactly one "
+                         "device per process (one rank per device)")
+    device = torch.device("cuda", device_ids[0]) if isinstance(device_ids[0], int) \
+        else torch.device(device_ids[0])
+    held = {p.device for p in module.parameters()}
+    if held != {device}:
+        raise ValueError(f"device_ids={device_ids!r} but the module's parameters are on "
+                         f"{sorted(map(str, held))}: move the module first (module.to(device))")
+    if output_device is not None and torch.device(output_device if not isinstance(
+            output_device, int) else f"cuda:{output_device}") != device:
+        raise ValueError(f"output_device={output_device!r} differs from device_ids[0]: "
+                         "not supported (outputs stay on the module's device)")
+    return device
+
+
+def _to_device(obj, device):
+    """Move every tensor in nested tuples/lists/dicts to device (torch's DDP does it)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(_to_device(o, device) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    return obj

@@ -9,11 +9,11 @@ All three wrappers are used the same way, so the training loop never changes:
 
 Step 1, NaiveDDP: wait for the whole backward, then average_gradients (lesson 06): the network
 sits idle while gradients are computed, then the CPU sits idle while they travel.
-Step 2, HookDDP: a hook on every parameter launches an asynchronous all-reduce of its gradient
-as soon as autograd has accumulated it, so the last layer's gradient travels while earlier
-layers' gradients are still being computed. One message per parameter, though: many small
-messages each pay the network's start-up latency. And it assumes every rank produces the
-gradients in the same order and all of them: a parameter unused on one rank only makes the
+Step 2, HookDDP adds one idea: a hook on every parameter launches an asynchronous all-reduce
+of its gradient as soon as autograd has accumulated it, so the last layer's gradient travels
+while earlier layers' gradients are still being computed. One message per parameter, though:
+many small messages each pay the network's start-up latency. And it assumes every rank
+produces every gradient, in the same order: a parameter unused on one rank only makes the
 ranks pair up different all-reduces (an error, or a hang until the timeout).
 Step 3, dist_sgd.ddp.DistributedDataParallel: the same hooks, but gradients are packed into
 buckets of ~25 MiB, launched strictly in bucket order, and unused parameters are flushed at the
@@ -25,8 +25,8 @@ import weakref
 import torch.distributed as dist
 import torch.nn as nn
 
-from .ddp import _ENGINE, AllReduceLauncher, _broadcast_from_rank0
-from .sync import average_gradients
+from .ddp_hooks import call_when_backward_ends, start_all_reduce
+from .sync import average_gradients, broadcast_parameters
 
 
 class NaiveDDP(nn.Module):
@@ -35,7 +35,7 @@ class NaiveDDP(nn.Module):
     def __init__(self, module, all_reduce=None, flat=False):
         super().__init__()
         self.module, self.all_reduce, self.flat = module, all_reduce, flat
-        _broadcast_from_rank0(module)
+        broadcast_parameters(module, src=0)  # every rank starts from rank 0's weights
 
     def forward(self, *inputs, **kwargs):
         return self.module(*inputs, **kwargs)
@@ -49,14 +49,13 @@ class HookDDP(nn.Module):
 
     def __init__(self, module, all_reduce=None):
         super().__init__()
-        self.module = module
+        self.module, self.all_reduce = module, all_reduce
         self.world_size = dist.get_world_size()
         self.trace = None  # a list -> event records, as DistributedDataParallel's
-        self._comm = AllReduceLauncher(all_reduce)
-        _broadcast_from_rank0(module)
+        broadcast_parameters(module, src=0)
         self._names = {p: n for n, p in module.named_parameters()}
-        self._works = []  # (name, handle) of the all-reduces in flight
-        ddp = weakref.ref(self)
+        self._futures = []  # the all-reduces in flight
+        ddp = weakref.ref(self)  # the hooks must not keep a dropped wrapper alive
 
         def hook(param):
             if ddp() is not None:
@@ -69,19 +68,22 @@ class HookDDP(nn.Module):
         return self.module(*inputs, **kwargs)
 
     def _grad_ready(self, param):
-        if not self._works:  # first gradient of this backward: have the engine call us at its end
-            _ENGINE.queue_callback(self.finish_gradient_synchronization)
+        """Autograd accumulated param.grad: start averaging it at once."""
+        if not self._futures:  # first gradient of this backward: wait for all at its end
+            call_when_backward_ends(self.finish_gradient_synchronization)
         name = self._names[param]
         self._record("hook", param=name)
         param.grad.div_(self.world_size)  # SUM of grad / world_size = the average
         self._record("launch", param=name)
-        on_done = None if self.trace is None else lambda: self._record("done", param=name)
-        self._works.append(self._comm.start(param.grad, on_done))
+        future = start_all_reduce(param.grad, self.all_reduce)
+        if self.trace is not None:
+            future = future.then(lambda f: (self._record("done", param=name), f.value())[1])
+        self._futures.append(future)
 
     def finish_gradient_synchronization(self):
-        for work in self._works:
-            work.wait()
-        self._works = []
+        for future in self._futures:
+            future.wait()
+        self._futures = []
 
     def _record(self, event, **fields):
         if self.trace is not None:

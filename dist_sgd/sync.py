@@ -7,8 +7,10 @@
 Why the mean of the ranks' gradients is the full-batch gradient: with equal per-rank batches
 of b items and the loss a mean over the batch, the gradient of the mean loss over the global
 batch of R*b items is (1/R) * sum over ranks of (gradient of rank r's mean loss). So: all-reduce
-with SUM, then divide by the world size. (gloo has no ReduceOp.AVG, and our hand-written
-all_reduce sums, so the division is written here, as in the tutorial.)
+with SUM, then divide by the world size. torch.distributed can do both in one call
+(ReduceOp.AVG, on NCCL and, in torch 2.14, on gloo), but the tutorial writes the division out,
+our hand-written all_reduce (dist_sgd.collectives) sums, and one code path for both keeps the
+results of torch's and ours identical: SUM, then divide, here.
 
 Which parameters take part: those with requires_grad=True whose .grad is not None. Frozen
 parameters and parameters that got no gradient this step (unused in the forward pass) are
@@ -18,6 +20,8 @@ tensors (flat=False) or differ in size (flat=True) - an error or a hang, not a w
 Parameters shared by two modules (tied weights) appear once in model.parameters(), so their
 gradient, already the sum over both uses, is reduced once.
 """
+import zlib
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -102,12 +106,15 @@ def broadcast_parameters(model, src=0, broadcast=None):
     Ranks that initialize their models from different seeds start from the same weights
     after this; it is what DDP does at construction. Returns the number of tensors sent.
     broadcast: None for torch.distributed.broadcast, or e.g. dist_sgd.collectives.broadcast.
+    A model that differs from rank src's (other shapes, other tensors) raises ValueError on
+    every rank, instead of a hang or a garbled broadcast.
     """
     world_size = _world_size()
     if not 0 <= src < world_size:
         raise ValueError(f"src must be a rank in [0, {world_size - 1}], got {src}")
     broadcast = broadcast or dist.broadcast
     tensors = list(_unique(model.parameters())) + list(model.buffers())
+    _check_same_shapes(tensors, src)
     with torch.no_grad():  # writing into leaf parameters in place must not be recorded
         for t in tensors:
             work = t.detach()  # shares t's memory: receiving into it updates the parameter
@@ -118,3 +125,16 @@ def broadcast_parameters(model, src=0, broadcast=None):
                 broadcast(tmp, src=src)
                 work.copy_(tmp)
     return len(tensors)
+
+
+def _check_same_shapes(tensors, src):
+    """Everyone compares (count, elements, shape checksum) with rank src's: one small broadcast."""
+    shapes = str([tuple(t.shape) for t in tensors]).encode()
+    mine = [len(tensors), sum(t.numel() for t in tensors), zlib.crc32(shapes)]
+    device = tensors[0].device if tensors else torch.device("cpu")
+    theirs = torch.tensor(mine, dtype=torch.int64, device=device)
+    dist.broadcast(theirs, src)
+    if theirs.tolist() != mine:
+        raise ValueError(f"rank {dist.get_rank()}: the model differs from rank {src}'s "
+                         f"(tensors, elements, shape checksum: {mine} here, {theirs.tolist()} "
+                         f"on rank {src})")

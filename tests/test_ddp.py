@@ -104,7 +104,7 @@ def check_run(wrapped, inner, rank, world_size, ref_grads, ref_weights, what, co
             else:
                 assert_close(p.grad, expected, msg=lambda m: f"{what}: step {step}: grad {n}: {m}")
         if counted is not None:
-            buffers = sorted(b.buffer.data_ptr() for b in wrapped.buckets)
+            buffers = sorted(b.flat.data_ptr() for b in wrapped.buckets)
             assert sorted(counted) == buffers, f"{what}: step {step}: one call per bucket expected"
         if hasattr(wrapped, "finish_gradient_synchronization"):
             wrapped.finish_gradient_synchronization()  # idempotent: nothing changes
@@ -177,7 +177,7 @@ def all_checks(rank, world_size):
         if i < 2:
             with ddp.no_sync():
                 (F.cross_entropy(ddp(xs[i], use_extra=i == 0), ys[i]) / 3).backward()
-            assert ddp.buckets[0].work is None, "no_sync must not launch any all-reduce"
+            assert ddp.buckets[0].future is None, "no_sync must not launch any all-reduce"
         else:
             (F.cross_entropy(ddp(xs[i], use_extra=False), ys[i]) / 3).backward()
     big = make_model(0)
