@@ -65,12 +65,10 @@ def make(scheme, start, error_feedback=True):
     """Net in torch's DDP with our hook for `scheme`, and the hook's state (None for plain)."""
     torch.manual_seed(0)
     model = TorchDDP(Net().apply(init_weights), bucket_cap_mb=1000)  # one bucket (torch quirk)
-    rank, state = SCHEMES[scheme], None
-    if rank:
-        state = compress.PowerSGDState(None, matrix_approximation_rank=rank, start_powerSGD_iter=start,
-                                       use_error_feedback=error_feedback)
-    hook = compress.powerSGD_hook if rank else \
-        compress.fp16_compress_hook if scheme == "fp16" else compress.allreduce_hook
+    rank = SCHEMES[scheme]  # PowerSGDState(process group, rank, start_powerSGD_iter, ...)
+    state = compress.PowerSGDState(None, rank, start, use_error_feedback=error_feedback) if rank else None
+    hook = (compress.powerSGD_hook if rank else
+            compress.fp16_compress_hook if scheme == "fp16" else compress.allreduce_hook)
     counter = {"bytes": 0, "steps": 0}
 
     def counted(s, bucket):  # the bytes this step's all-reduces get, as the hook sends them
@@ -92,30 +90,25 @@ def train(model, state, train_set, epochs, residual):
             opt.zero_grad()
             F.nll_loss(model(x), y).backward()  # the hook runs in here, bucket by bucket
             if residual is not None and state.error_dict:  # ||e|| vs the averaged gradient
-                e = torch.cat([v for v in state.error_dict.values()]).norm().item()
-                g = torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item()
-                residual.append((e, g))
+                residual.append((torch.cat(list(state.error_dict.values())).norm().item(),
+                                 torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item()))
             opt.step()
 
 
 def same_gradients_check(train_set):
-    """Our hooks and torch's on the same gradients (plain tensors in a FlatBucket)."""
-    model, diffs = Net().apply(init_weights), {}
-    states = {who: m.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2)
-              for who, m in (("ours", compress), ("torch", torch_powersgd))}
+    """Our hooks and torch's on the same gradients (plain tensors in a FlatBucket), 5 steps."""
+    model, diffs = Net().apply(init_weights), {"fp16": 0.0, "powerSGD": 0.0}
+    pairs = {"fp16": ((None, compress.fp16_compress_hook), (None, torch_default.fp16_compress_hook)),
+             "powerSGD": ((compress.PowerSGDState(None, 2, 2), compress.powerSGD_hook),
+                          (torch_powersgd.PowerSGDState(None, 2, 2), torch_powersgd.powerSGD_hook))}
     for step, (x, y) in zip(range(5), shard_loader(train_set, BATCH)):
         model.zero_grad()
         F.nll_loss(model(x), y).backward()
         grads = [p.grad for p in model.parameters()]
-        ours = compress.FlatBucket(grads)
-        theirs = compress.FlatBucket(grads)
-        a = compress.fp16_compress_hook(None, ours).wait()
-        b = torch_default.fp16_compress_hook(None, theirs).wait()
-        diffs["fp16"] = max(diffs.get("fp16", 0), max_diff(a, b))
-        ours, theirs = compress.FlatBucket(grads), compress.FlatBucket(grads)
-        a = compress.powerSGD_hook(states["ours"], ours).wait()
-        b = torch_powersgd.powerSGD_hook(states["torch"], theirs).wait()
-        diffs["powerSGD"] = max(diffs.get("powerSGD", 0), max_diff(a, b))
+        for name, ((s1, ours), (s2, theirs)) in pairs.items():
+            a = ours(s1, compress.FlatBucket(grads)).wait()
+            b = theirs(s2, compress.FlatBucket(grads)).wait()
+            diffs[name] = max(diffs[name], max_diff(a, b))
     return diffs
 
 
@@ -132,12 +125,10 @@ def main(rank, world_size, quick):
         model, state, counter = make(scheme, start, ef)
         residual = out["residual"] if (scheme, ef) == ("PowerSGD rank 1", True) else None
         train(model, state, train_set, 2, residual)
-        acc = evaluate(model, test_set)["accuracy"]
-        sent = counter["bytes"] / counter["steps"] if state is None else \
-            4 * state.compression_stats()[2] / max(counter["steps"] - start, 1)
-        out["runs"][scheme, ef] = {"accuracy": acc, "bytes": sent}
-        if ef:
-            models[scheme] = model
+        sent = (counter["bytes"] / counter["steps"] if state is None else  # PowerSGD: its own count
+                4 * state.compression_stats()[2] / max(counter["steps"] - start, 1))
+        out["runs"][scheme, ef] = {"accuracy": evaluate(model, test_set)["accuracy"], "bytes": sent}
+        models.update({scheme: model} if ef else {})
     # Step time over loopback, every scheme alternated (A B C A B C ...), medians.
     x, y = next(iter(shard_loader(train_set, BATCH)))
     steps = {s: (lambda m=m: F.nll_loss(m(x), y).backward()) for s, m in models.items()}
@@ -145,40 +136,33 @@ def main(rank, world_size, quick):
     out["step_ms"] = {s: 1e3 * summarize(t)["median"] for s, t in times.items()}
     big, xb = BigNet(), torch.randn(8 if quick else 32, 1, 28, 28)  # BigNet's compute alone
     one = time_alternating({"bignet": lambda: big(xb).sum().backward()}, 3 if quick else 10, 1)
-    out["bignet_compute_s"] = summarize(one["bignet"])["median"]
-    out["bignet_batch"] = len(xb)
-    return out
+    return dict(out, bignet_compute_s=summarize(one["bignet"])["median"], bignet_batch=len(xb))
 
 
 def report(r):
-    world_size = r["world_size"]
-    log(f"\n--- 1. bytes each rank hands to all-reduce per step (Net, {world_size} ranks) ---")
-    net = [p.shape for p in Net().parameters()]
-    big = [p.shape for p in BigNet().parameters()]
+    log(f"\n--- 1. bytes each rank hands to all-reduce per step (Net, {r['world_size']} ranks) ---")
+    net, big = [[p.shape for p in m().parameters()] for m in (Net, BigNet)]
     plain = r["runs"]["none", True]["bytes"]
     for scheme, k in SCHEMES.items():
         counted = r["runs"][scheme, True]["bytes"]
-        paper = {name: sum(v * w for v, w in compress.values_sent(
-            shapes, "powerSGD" if k else scheme, k or 1)) for name, shapes in (("net", net), ("big", big))}
+        net_b, big_b = [sum(v * w for v, w in compress.values_sent(shapes, "powerSGD" if k else scheme, k or 1))
+                        for shapes in (net, big)]
         log(f"  {scheme:16s} Net {human_bytes(counted):>9s} ({plain / counted:5.1f}x fewer)   "
-            f"BigNet, on paper: {human_bytes(paper['big']):>9s}")
-        log(check(f"{scheme}: bytes counted vs on paper", abs(counted - paper["net"]), 0))
+            f"BigNet, on paper: {human_bytes(big_b):>9s}")
+        log(check(f"{scheme}: bytes counted vs on paper", abs(counted - net_b), 0))
     log("  (a ring all-reduce puts 2(p-1)/p of these bytes on each rank's link, each way)")
 
     log("\n--- 2. error feedback: what PowerSGD rank 1 dropped, carried to the next step ---")
     res = r["residual"]
-    for i in sorted({0, len(res) // 4, len(res) // 2, len(res) - 1}):
-        e, g = res[i]
-        log(f"  compressed step {i + 1:5d}: ||e|| = {e:.4f}   ||averaged gradient|| = {g:.4f}"
-            f"   ratio {e / g:.2f}")
+    for i, (e, g) in ((i, res[i]) for i in sorted({0, len(res) // 4, len(res) // 2, len(res) - 1})):
+        log(f"  compressed step {i + 1:5d}: ||e|| = {e:.4f}   ||averaged gradient|| = {g:.4f}   ratio {e / g:.2f}")
     log("  (e is this rank's backlog: what the low-rank P Q^T has not sent yet. Added to the next\n"
         "   gradient, its largest directions get sent then, and new leftovers take their place)")
 
     log("\n--- 3. test accuracy after 2 epochs (PowerSGD from step "
         f"{r['start'] + 1}; same seed, same batches) ---")
     for (scheme, ef), run in r["runs"].items():
-        label = scheme + ("" if not SCHEMES[scheme] else
-                          ", error feedback" if ef else ", no error feedback")
+        label = scheme + ("" if not SCHEMES[scheme] else ", error feedback" if ef else ", no error feedback")
         log(f"  {label:40s} {100 * run['accuracy']:6.2f}%")
 
     log("\n--- 4. step time over loopback (forward + backward + hook, alternated, medians) ---")
@@ -187,7 +171,7 @@ def report(r):
     log("  (loopback moves GB/s: the bytes saved are worth less than the arithmetic and the extra\n"
         "   all-reduces PowerSGD adds; the gain is on slow links, below)")
 
-    compute = r["bignet_compute_s"]
+    compute, world_size = r["bignet_compute_s"], r["world_size"]
     log(f"\n--- 5. the cost model with compression: BigNet, {world_size} workers, ring, no overlap,"
         f"\n    compute {compute * 1e3:.1f} ms ({r['bignet_batch']} samples, measured here; "
         "compression arithmetic not counted) ---")
@@ -197,8 +181,7 @@ def report(r):
                  for s, k in SCHEMES.items()]
         log(f"  {gbit:2d} Gbit/s: " + ", ".join(cells))
 
-    log("\n--- 6. the 2-node 1 Gbit/s link ---")
-    log("  skipped: it needs lesson 11's cluster (dist_sgd.cluster), not in this checkout")
+    log("\n--- 6. the 2-node 1 Gbit/s link: skipped: it needs lesson 11's cluster (dist_sgd.cluster) ---")
 
     log("\n--- checks: our hooks vs torch's, the same gradients ---")
     log(check("fp16_compress_hook (ours vs torch's, bit for bit)", r["checks"]["fp16"], 0))

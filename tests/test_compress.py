@@ -1,9 +1,10 @@
-"""Our communication hooks (dist_sgd.compress) against torch's, on torch's DDP.
+"""Our communication hooks (dist_sgd.compress) against torch's, on torch's DDP and on ours.
 
 One launch() per world size (2 and 3) runs every configuration; the small tests below read
-its results. Each configuration trains two identical torch DDP models side by side, one with
-torch's hook and one with ours, the same batches, for STEPS steps (PowerSGD starts at step
-START), and records every gradient DDP hands back plus the hook's memory.
+its results. Each configuration trains identical models side by side on the same batches for
+STEPS steps (PowerSGD starts at step START): the reference, torch's hook on torch's DDP, then
+our hook on torch's DDP, torch's hook on our DDP (dist_sgd.ddp) and our hook on our DDP, and
+records every gradient DDP hands back plus the hook's memory.
 
 The model's gradient matrices are full rank (batch 24 per rank > every layer's width, and a
 regression loss: cross-entropy's last-layer gradient has rows summing to zero), so
@@ -24,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 from torch.testing import assert_close
 
 from dist_sgd import compress
+from dist_sgd.ddp import DistributedDataParallel
 from dist_sgd.launch import launch
 
 PER_RANK = 24
@@ -68,42 +70,44 @@ def batch(step, rank):
     return torch.randn(PER_RANK, 2, 6, 6, generator=g), torch.randn(PER_RANK, 20, generator=g)
 
 
-def hooks(name, ours, group):
+def hooks(name, ours):
     if name == "allreduce":
-        return group, compress.allreduce_hook if ours else torch_default.allreduce_hook
+        return None, compress.allreduce_hook if ours else torch_default.allreduce_hook
     if name == "fp16":
-        return group, compress.fp16_compress_hook if ours else torch_default.fp16_compress_hook
+        return None, compress.fp16_compress_hook if ours else torch_default.fp16_compress_hook
     rank, ef, ws = POWERSGD[name]
     module = compress if ours else torch_powersgd
-    state = module.PowerSGDState(group, matrix_approximation_rank=rank, start_powerSGD_iter=START,
+    state = module.PowerSGDState(None, matrix_approximation_rank=rank, start_powerSGD_iter=START,
                                  use_error_feedback=ef, warm_start=ws, random_seed=7)
     return state, module.powerSGD_hook
 
 
-def run_config(name, rank, group):
-    out = {"ours": [], "torch": [], "plain": []}
-    models, states = {}, {}
-    for who in ("torch", "ours", "plain"):
+# Who is compared with torch's hook on torch's DDP (the reference, "torch"): (DDP, our hook?).
+VARIANTS = {"torch": (TorchDDP, False), "ours on torch DDP": (TorchDDP, True),
+            "torch's on our DDP": (DistributedDataParallel, False),
+            "ours on our DDP": (DistributedDataParallel, True)}
+
+
+def wrap(cls, model):
+    # One bucket: torch 2.14.1's powerSGD_hook can hang on gloo with several small ones.
+    return TorchDDP(model, bucket_cap_mb=1000) if cls is TorchDDP else cls(model, bucket_cap_mb=None)
+
+
+def run_config(name, rank):
+    models, states, out = {}, {}, {}
+    for who, (cls, ours) in VARIANTS.items():
         torch.manual_seed(0)
-        # One bucket: torch 2.14.1's powerSGD_hook can hang on gloo with several small ones.
-        ddp = TorchDDP(Model(), bucket_cap_mb=1000, process_group=group)
-        if who != "plain":  # plain: no hook, to show the hooks changed the gradients at all
-            states[who], hook = hooks(name, who == "ours", group)
-            ddp.register_comm_hook(states[who], hook)
-        models[who] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.1))
+        ddp = wrap(cls, Model())
+        states[who], hook = hooks(name, ours)
+        ddp.register_comm_hook(states[who], hook)
+        models[who], out[who] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.1)), []
     for step in range(STEPS):
         x, y = batch(step, rank)
         for who, (ddp, opt) in models.items():
             opt.zero_grad()
             F.mse_loss(ddp(x), y).backward()
             out[who].append([p.grad.clone() for p in ddp.parameters()])
-            # Plain all-reduce from the same weights each step: keep "plain" at torch's weights.
-            if who == "plain":
-                with torch.no_grad():
-                    for p, q in zip(ddp.parameters(), models["torch"][0].parameters()):
-                        p.copy_(q)
-            else:
-                opt.step()
+            opt.step()
     if name in POWERSGD:
         for who, state in states.items():
             out[who + " state"] = {
@@ -112,8 +116,8 @@ def run_config(name, rank, group):
                 "q": {k: v.clone() for k, v in state.q_memory_dict.items()},
                 "stats": state.compression_stats(),
             }
-    # The last bucket of every replica must be done everywhere before anyone moves on.
-    dist.barrier(group=group)
+    # torch quirk: no rank may leave while a peer's reducer is still finishing.
+    dist.barrier()
     return out
 
 
@@ -127,29 +131,15 @@ def _worker(rank, world_size):
         if p.dim() >= 2:
             m = p.grad.reshape(p.shape[0], -1)
             full_rank.append(int(torch.linalg.matrix_rank(m)) == min(m.shape))
-    # World size 2 runs on a subgroup of ranks 0 and 1 (rank 2 waits): one spawn serves both
-    # sizes (each spawned rank pays seconds to import what torch's DDP needs), and the hooks
-    # get a process group that is not the default one.
-    pair = dist.new_group([0, 1])
-    results = {}
-    if rank < 2:
-        results[2] = {name: run_config(name, rank, pair) for name in CONFIGS}
-        results[2]["full rank"] = full_rank
-    dist.barrier()
-    results[3] = {name: run_config(name, rank, None) for name in CONFIGS}
-    results[3]["full rank"] = full_rank
+    results = {name: run_config(name, rank) for name in CONFIGS}
+    results["full rank"] = full_rank
     return results
-
-
-_RUN = {}
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda p: f"world_size={p}")
 def runs(request):
-    """Every rank's results for one world size (one launch, at world size 3, serves both)."""
-    if not _RUN:
-        _RUN["results"] = launch(_worker, 3, backend="gloo", timeout=90)
-    return [r[request.param] for r in _RUN["results"] if request.param in r]
+    """Every rank's results: one launch per world size runs every configuration."""
+    return launch(_worker, request.param, backend="gloo", timeout=90)
 
 
 def test_gradients_are_full_rank(runs):
@@ -157,33 +147,61 @@ def test_gradients_are_full_rank(runs):
         assert all(result["full rank"]), result["full rank"]
 
 
+OTHERS = [v for v in VARIANTS if v != "torch"]
+# The same DDP, torch's hook vs ours: equal bit for bit where the arithmetic is the same.
+SAME_DDP = {"torch DDP": ("ours on torch DDP", "torch"),
+            "our DDP": ("ours on our DDP", "torch's on our DDP")}
+
+
+def max_abs(xs, ys):
+    return max((a - b).abs().max().item() for a, b in zip(xs, ys))
+
+
+@pytest.mark.parametrize("ddp", list(SAME_DDP))
 @pytest.mark.parametrize("name", ["allreduce", "fp16"])
-def test_allreduce_and_fp16_bit_for_bit(runs, name):
+def test_allreduce_and_fp16_hooks_bit_for_bit(runs, name, ddp):
+    ours, theirs = SAME_DDP[ddp]
     for result in runs:
-        for ours, theirs in zip(result[name]["ours"], result[name]["torch"]):
-            for a, b in zip(ours, theirs):
-                assert torch.equal(a, b), (a - b).abs().max()
+        for step, (a, b) in enumerate(zip(result[name][ours], result[name][theirs])):
+            assert max_abs(a, b) == 0, (step, max_abs(a, b))
+
+
+@pytest.mark.parametrize("name", ["allreduce", "fp16"])
+def test_torch_hooks_on_our_ddp_as_on_torch_ddp(runs, name):
+    # Across DDPs the bucket's layout differs (torch rebuilds its bucket in the order gradients
+    # arrived in step 1; ours keeps reverse parameter order), so at world size 3 gloo adds the
+    # same three numbers in another order: float32 rounding, or fp16 rounding (ulp 2^-10 of
+    # the value) for fp16: up to 4 half-ulps of the tensor's largest value.
+    for result in runs:
+        for step, (a, b) in enumerate(zip(result[name]["torch's on our DDP"], result[name]["torch"])):
+            for x, y in zip(a, b):
+                tol = 4 * 2 ** -11 * y.abs().max().item() if name == "fp16" else 1e-8
+                assert (x - y).abs().max().item() <= tol, (step, (x - y).abs().max().item(), tol)
 
 
 def test_fp16_really_rounds(runs):
-    # fp16 gradients are not the float32 ones: the test above compared something.
-    diffs = [max((a - b).abs().max().item() for a, b in zip(f, p))
-             for f, p in zip(runs[0]["fp16"]["ours"], runs[0]["allreduce"]["ours"])]
+    # fp16 gradients are not the float32 ones: the tests above compared something.
+    diffs = [max_abs(f, p) for f, p in zip(runs[0]["fp16"]["ours on our DDP"],
+                                           runs[0]["allreduce"]["ours on our DDP"])]
     assert max(diffs) > 1e-6, diffs
 
 
+@pytest.mark.parametrize("who", OTHERS)
 @pytest.mark.parametrize("name", list(POWERSGD))
-def test_powerSGD_step_for_step(runs, name):
+def test_powerSGD_step_for_step(runs, name, who):
     for result in runs:
-        for step, (ours, theirs) in enumerate(zip(result[name]["ours"], result[name]["torch"])):
+        for step, (ours, theirs) in enumerate(zip(result[name][who], result[name]["torch"])):
             for a, b in zip(ours, theirs):
                 assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"step {step}: {m}")
 
 
+@pytest.mark.parametrize("ddp", list(SAME_DDP))
 @pytest.mark.parametrize("name", list(POWERSGD))
-def test_powerSGD_state_matches(runs, name):
+def test_powerSGD_state_matches(runs, name, ddp):
+    # Only on the same DDP: the memory is laid out like the bucket, which differs across DDPs.
+    ours_name, theirs_name = SAME_DDP[ddp]
     for result in runs:
-        ours, theirs = result[name]["ours state"], result[name]["torch state"]
+        ours, theirs = result[name][ours_name + " state"], result[name][theirs_name + " state"]
         assert ours["iter"] == theirs["iter"] == STEPS
         assert ours["stats"] == theirs["stats"]
         assert ours["error"].keys() == theirs["error"].keys()
@@ -196,22 +214,21 @@ def test_powerSGD_state_matches(runs, name):
 
 @pytest.mark.parametrize("name", list(POWERSGD))
 def test_powerSGD_compresses_only_from_start_iter(runs, name):
-    result = runs[0][name]
-    for step in range(STEPS):
-        diff = max((a - b).abs().max().item() for a, b in zip(result["ours"][step], result["plain"][step]))
-        if step < START:
-            assert diff < 1e-6, (step, diff)   # plain all-reduce before start_powerSGD_iter
-        else:
-            assert diff > 1e-4, (step, diff)   # a real (lossy) approximation after it
+    # Every configuration trains the same weights on the same batches until START, so until
+    # then its gradients are the plain all-reduce's ("allreduce"); at START they must not be.
+    result, plain = runs[0][name]["ours on our DDP"], runs[0]["allreduce"]["ours on our DDP"]
+    for step in range(START):
+        assert max_abs(result[step], plain[step]) == 0, step
+    assert max_abs(result[START], plain[START]) > 1e-4
     if POWERSGD[name][1]:
-        assert any(e.abs().max() > 0 for e in result["ours state"]["error"].values())
+        assert any(e.abs().max() > 0 for e in runs[0][name]["ours on our DDP state"]["error"].values())
 
 
 def test_replicas_agree(runs):
     for name in CONFIGS:
         for step in range(STEPS):
             for r in runs[1:]:
-                for a, b in zip(r[name]["ours"][step], runs[0][name]["ours"][step]):
+                for a, b in zip(r[name]["ours on our DDP"][step], runs[0][name]["ours on our DDP"][step]):
                     assert torch.equal(a, b), (name, step)
 
 

@@ -7,9 +7,10 @@ the error-feedback residual over steps.
    counted by the hooks during the timed steps (PowerSGD: its state's counters), and checked
    against dist_sgd.compress.values_sent.
 2. Step time: BigNet, 2 ranks over loopback, forward + backward (the hook runs inside) for
-   none / fp16 / PowerSGD rank 1, 2, 4, our hook vs torch's on torch's DDP with the same
-   settings (one bucket: torch 2.14.1's powerSGD_hook can hang on gloo with several small
-   ones), all candidates alternated, medians of the slowest rank.
+   none / fp16 / PowerSGD rank 1, 2, 4, with the same hook settings: torch's DDP + torch's
+   hook, torch's DDP + our hook, our DDP + our hook (one bucket each: torch 2.14.1's
+   powerSGD_hook can hang on gloo with several small ones), all alternated, medians of the
+   slowest rank.
 3. Residual: ||e|| / ||averaged gradient|| over the steps of Net trained on the dataset
    get_dataset("auto") picks, PowerSGD rank 1 with error feedback, from step START.
 
@@ -25,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 from dist_sgd import compress
 from dist_sgd.bench import common
 from dist_sgd.costmodel import human_bytes
+from dist_sgd.ddp import DistributedDataParallel
 from dist_sgd.launch import launch
 from dist_sgd.models import BigNet, Net, init_weights
 from dist_sgd.timing import summarize, time_alternating
@@ -51,9 +53,17 @@ def _hook(scheme, ours):
     return None, module.fp16_compress_hook if scheme == "fp16" else module.allreduce_hook
 
 
-def _model(scheme, ours):
+# What is timed: (DDP, our hook?). The target compares the first with the last.
+IMPLS = {"torch DDP + torch hook": ("torch DDP", False), "torch DDP + our hook": ("torch DDP", True),
+         "our DDP + our hook": ("our DDP", True)}
+
+
+def _model(scheme, ours, ddp):
     torch.manual_seed(0)
-    model = TorchDDP(BigNet().apply(init_weights), bucket_cap_mb=1000)
+    module = BigNet().apply(init_weights)
+    # One bucket each (ours: None; torch: a cap above the model's 4.8 MB).
+    model = TorchDDP(module, bucket_cap_mb=1000) if ddp == "torch DDP" else \
+        DistributedDataParallel(module, bucket_cap_mb=None)
     state, hook = _hook(scheme, ours)
     counter = {"bytes": 0, "steps": 0}
 
@@ -93,8 +103,8 @@ def _residual(steps):
 def _worker(rank, world_size, s):
     models = {}
     for scheme in SCHEMES:
-        for ours in (False, True):
-            models[scheme, ours] = _model(scheme, ours)
+        for impl, (ddp, ours) in IMPLS.items():
+            models[scheme, impl] = _model(scheme, ours, ddp)
     torch.manual_seed(rank)
     x, y = torch.randn(s["batch"], 1, 28, 28), torch.randint(0, 10, (s["batch"],))
 
@@ -108,19 +118,19 @@ def _worker(rank, world_size, s):
         counter.update(bytes=0, steps=0)
         if state is not None:
             state.total_numel_after_compression = 0
-    names = {(scheme, ours): f"{scheme}, {'our' if ours else 'torch'} hook" for scheme, ours in models}
+    names = {(scheme, impl): f"{scheme}, {impl}" for scheme, impl in models}
     times = time_alternating({names[k]: step(m) for k, (m, _, _) in models.items()}, s["repeats"], 1)
     rows = []
     shapes = [p.shape for p in BigNet().parameters()]
-    for (scheme, ours), (_, state, counter) in models.items():
+    for (scheme, impl), (_, state, counter) in models.items():
         k = SCHEMES[scheme]
         if state is None:
             counted = counter["bytes"] / counter["steps"]
         else:
             counted = 4 * state.total_numel_after_compression / counter["steps"]
         paper = sum(v * w for v, w in compress.values_sent(shapes, "powerSGD" if k else scheme, k or 1))
-        t = summarize(times[names[scheme, ours]])
-        rows.append({"scheme": scheme, "hook": "ours" if ours else "torch", "ddp": "torch DDP",
+        t = summarize(times[names[scheme, impl]])
+        rows.append({"scheme": scheme, "impl": impl,
                      "world_size": world_size, "batch_per_rank": s["batch"],
                      "bytes_per_step": counted, "bytes_on_paper": paper,
                      "median_s": t["median"], "min_s": t["min"], "max_s": t["max"], "n": t["n"]})
@@ -135,25 +145,34 @@ def measure(quick=False):
 
 
 def report(rows):
-    print("BigNet, 2 ranks over loopback (gloo), torch DDP, one bucket; medians of alternated steps")
-    print(f"  {'scheme':16s} {'bytes/step':>11s} {'torch hook':>11s} {'our hook':>10s} {'ours/torch':>10s}")
-    by = {(r["scheme"], r["hook"]): r for r in rows}
-    ratios = []
+    by = {(r["scheme"], r["impl"]): r for r in rows}
+    print(f"BigNet, {rows[0]['world_size']} ranks over loopback (gloo), {rows[0]['batch_per_rank']} "
+          f"samples per rank, one bucket; medians of {rows[0]['n']} alternated steps (slowest rank)")
+    print(f"  {'scheme':16s} {'bytes/step':>11s}" + "".join(f" {impl:>23s}" for impl in IMPLS)
+          + "  ours/torch (our DDP + our hook vs torch DDP + torch hook)")
+    ratios, hook_ratios = {}, {}
     for scheme in SCHEMES:
-        t, o = by[scheme, "torch"], by[scheme, "ours"]
-        ratios.append(o["median_s"] / t["median_s"])
-        print(f"  {scheme:16s} {human_bytes(o['bytes_per_step']):>11s} {t['median_s'] * 1e3:9.1f}ms "
-              f"{o['median_s'] * 1e3:8.1f}ms {ratios[-1]:9.2f}x")
-        if o["bytes_per_step"] != o["bytes_on_paper"] or t["bytes_per_step"] != o["bytes_per_step"]:
-            print(f"    bytes counted {o['bytes_per_step']} differ from on paper {o['bytes_on_paper']}")
-    plain = by["none", "torch"]["median_s"]
+        ref = by[scheme, "torch DDP + torch hook"]["median_s"]
+        ratios[scheme] = by[scheme, "our DDP + our hook"]["median_s"] / ref
+        hook_ratios[scheme] = by[scheme, "torch DDP + our hook"]["median_s"] / ref
+        sent = by[scheme, "our DDP + our hook"]["bytes_per_step"]
+        print(f"  {scheme:16s} {human_bytes(sent):>11s}"
+              + "".join(f" {by[scheme, impl]['median_s'] * 1e3:21.1f}ms" for impl in IMPLS)
+              + f"  {ratios[scheme]:.2f}x")
+        for impl in IMPLS:
+            if by[scheme, impl]["bytes_per_step"] != by[scheme, impl]["bytes_on_paper"]:
+                print(f"    {impl}: bytes counted {by[scheme, impl]['bytes_per_step']:.0f} differ from "
+                      f"dist_sgd.compress.values_sent {by[scheme, impl]['bytes_on_paper']:.0f}")
     print("targets (issue 11):")
-    print(f"  our hook vs torch's hook, same settings, on torch's DDP: {min(ratios):.2f}x .. "
-          f"{max(ratios):.2f}x step time (target for our DDP + our hook vs torch DDP + torch's "
-          "hook: <= 1.05x; our DDP has no register_comm_hook in this checkout: not measured)")
-    p2 = by["PowerSGD rank 2", "ours"]["median_s"] / plain
-    print(f"  PowerSGD rank 2 (our hook) vs no compression, loopback: {p2:.2f}x step time "
-          "(target <= 0.5x is for the 2-node 1 Gbit/s link of lesson 11: not measured here)")
+    print("  our DDP + our hook vs torch DDP + torch's hook, same hook settings: <= 1.05x step time;"
+          " measured: " + ", ".join(f"{s} {r:.2f}x" for s, r in ratios.items()))
+    print("  (our hook alone, on torch's DDP, vs torch's hook: "
+          + ", ".join(f"{s} {r:.2f}x" for s, r in hook_ratios.items()) + ")")
+    p2 = by["PowerSGD rank 2", "our DDP + our hook"]["median_s"] / by["none", "torch DDP + torch hook"]["median_s"]
+    print(f"  our DDP + our PowerSGD rank 2 vs torch DDP without compression: <= 0.5x on the 2-node "
+          f"1 Gbit/s link of lesson 11: not measured here (no cluster in this checkout); over "
+          f"loopback it is {p2:.2f}x")
+    return ratios
 
 
 def draw():
@@ -162,12 +181,12 @@ def draw():
     rows, facts = common.read_csv(NAME)
     residual, _ = common.read_csv(NAME + "_residual")
     report(rows)
-    by = {(r["scheme"], r["hook"]): r for r in rows}
+    by = {(r["scheme"], r["impl"]): r for r in rows}
     fig, axes = plots.figure(3, width=5.0)
     ax_b, ax_t, ax_r = axes[0]
     names = list(SCHEMES)
     xs = range(len(names))
-    sent = [by[s, "ours"]["bytes_per_step"] for s in names]
+    sent = [by[s, "our DDP + our hook"]["bytes_per_step"] for s in names]
     ax_b.bar(xs, sent, color=["tab:gray", "tab:orange", "tab:blue", "tab:blue", "tab:blue"])
     for x, b in zip(xs, sent):
         ax_b.text(x, b, plots.human_bytes(b), ha="center", va="bottom", fontsize=8)
@@ -176,16 +195,17 @@ def draw():
     ax_b.set_ylabel("bytes per rank per step, into all-reduce")
     ax_b.set_title("BigNet: bytes each rank sends per step")
 
-    width = 0.38
-    for i, (hook, color) in enumerate((("torch", "tab:red"), ("ours", "tab:blue"))):
-        med = [by[s, hook]["median_s"] * 1e3 for s in names]
-        lo = [m - by[s, hook]["min_s"] * 1e3 for s, m in zip(names, med)]
-        hi = [by[s, hook]["max_s"] * 1e3 - m for s, m in zip(names, med)]
-        ax_t.bar([x + (i - 0.5) * width for x in xs], med, width, yerr=[lo, hi], capsize=2,
-                 color=color, label="torch's hook" if hook == "torch" else "our hook")
+    width = 0.27
+    colors = ("tab:red", "tab:purple", "tab:blue")
+    for i, (impl, color) in enumerate(zip(IMPLS, colors)):
+        med = [by[s, impl]["median_s"] * 1e3 for s in names]
+        lo = [m - by[s, impl]["min_s"] * 1e3 for s, m in zip(names, med)]
+        hi = [by[s, impl]["max_s"] * 1e3 - m for s, m in zip(names, med)]
+        ax_t.bar([x + (i - 1) * width for x in xs], med, width, yerr=[lo, hi], capsize=2,
+                 color=color, label=impl)
     ax_t.set_xticks(list(xs), [n.replace("PowerSGD ", "PowerSGD\n") for n in names], fontsize=8)
     ax_t.set_ylabel("ms per step (median, min-max)")
-    ax_t.set_title(f"BigNet step, {rows[0]['world_size']} ranks, loopback, torch DDP")
+    ax_t.set_title(f"BigNet step, {rows[0]['world_size']} ranks, loopback")
     ax_t.legend(fontsize=8)
 
     steps = [r["step"] for r in residual]
