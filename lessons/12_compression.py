@@ -168,8 +168,8 @@ def report(r):
     log("\n--- 4. step time over loopback (forward + backward + hook, alternated, medians) ---")
     for scheme, ms in r["step_ms"].items():
         log(f"  {scheme:16s} {ms:7.2f} ms   ({ms / r['step_ms']['none']:.2f}x none)")
-    log("  (loopback moves GB/s: the bytes saved are worth less than the arithmetic and the extra\n"
-        "   all-reduces PowerSGD adds; the gain is on slow links, below)")
+    log("  (loopback moves GB/s, so bytes are cheap here: what PowerSGD saves it can lose to its\n"
+        "   arithmetic and to three all-reduces where there was one; slow links are another story, below)")
 
     compute, world_size = r["bignet_compute_s"], r["world_size"]
     log(f"\n--- 5. the cost model with compression: BigNet, {world_size} workers, ring, no overlap,"
