@@ -17,6 +17,8 @@ the error-feedback residual over steps.
 The issue's 2-node target (1 Gbit/s link) needs lesson 11's cluster; it is printed as not
 measured here.
 """
+import os
+
 import torch
 import torch.distributed.algorithms.ddp_comm_hooks.default_hooks as torch_default
 import torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook as torch_powersgd
@@ -138,9 +140,11 @@ def _worker(rank, world_size, s):
 
 
 def measure(quick=False):
+    load = os.getloadavg()[0]  # a busy machine makes every time here slower and noisier
     rows, residual = launch(_worker, 2, settings(quick), backend="gloo")[0]
-    common.write_csv(NAME, rows)
-    common.write_csv(NAME + "_residual", residual)
+    facts = f"{common.machine_facts()}, load average {load:.1f} -> {os.getloadavg()[0]:.1f}"
+    common.write_csv(NAME, rows, facts)
+    common.write_csv(NAME + "_residual", residual, facts)
     return rows
 
 
