@@ -29,7 +29,7 @@ This lesson, on 2 ranks by default (torch's DDP with our hooks):
   6. checks: our hooks against torch's on the same gradients, step for step.
 
 Run:
-    python lessons/12_compression.py                  # 2 ranks, 2 epochs x 8 runs (~5 min on 2 cores)
+    python lessons/12_compression.py                  # 2 ranks, 2 epochs x 8 runs (long: ~1 h on 2 busy cores)
     python lessons/12_compression.py --quick          # tiny sizes (~20 s)
     torchrun --standalone --nproc-per-node 2 lessons/12_compression.py --quick
     python -m dist_sgd.bench compress                 # figures/compress.png and its CSV
