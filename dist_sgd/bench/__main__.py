@@ -35,6 +35,7 @@ MEASUREMENTS = {
     "ddp": "figure 5 and more: our DDP vs torch DDP, bucket sweep, backward timeline",
     "comparison": "lesson 09 --save-figures: every way to train side by side (loss, time, memory)",
     "cluster": "lesson 11: 2 nodes on a 1 Gbit/s link (needs root; skips otherwise)",
+    "compress": "lesson 12: compression hooks (bytes, step time ours vs torch's, error feedback)",
     "atscale": "figure 6: the cost model at 1..1024 workers vs published results",
 }
 

@@ -1,0 +1,307 @@
+"""Gradient compression as DDP communication hooks: send fewer bytes per step.
+
+A communication hook replaces DDP's "average this bucket" with any function
+`hook(state, bucket) -> Future` whose value is the bucket's averaged flat gradient:
+
+    ddp_model.register_comm_hook(state, hook)       # torch's DDP (or ours, branch ddp)
+
+Three hooks, each written out and equal to torch's (torch.distributed.algorithms.
+ddp_comm_hooks; tests/test_compress.py compares them on torch's DDP):
+
+    allreduce_hook(group, bucket)        what DDP does anyway: divide, all-reduce (4 B per value)
+    fp16_compress_hook(group, bucket)    the same in float16: half the bytes, ~3 decimal digits
+    powerSGD_hook(PowerSGDState, bucket) each gradient matrix M (n x m) sent as two thin
+                                         matrices P (n x r) and Q (m x r): (n + m) r values
+                                         instead of n m (Vogels et al., NeurIPS 2019)
+
+PowerSGD is one step of power iteration per training step: P = M Q, orthogonalize P,
+Q = M^T P, and M ~ P Q^T. Since P and Q are all-reduced (linear, so the average of M_i Q is
+(average M_i) Q), every rank ends with the same rank-r approximation of the averaged gradient.
+What the approximation drops is kept per rank (error feedback) and added to the next step's
+gradient, so nothing is lost for good, only delayed. Warm start reuses last step's Q as the
+starting point, so the power iteration keeps improving over steps.
+"""
+from collections import defaultdict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+def _group(process_group):
+    return process_group if process_group is not None else dist.group.WORLD
+
+
+def allreduce_hook(process_group, bucket):
+    """Average the bucket: what DDP does without a hook (and the hook everybody starts from)."""
+    group = _group(process_group)
+    tensor = bucket.buffer()
+    tensor.div_(group.size())  # divide before adding: in low precision a sum can overflow
+    fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])  # all_reduce's future holds a list of tensors
+
+
+def fp16_compress_hook(process_group, bucket):
+    """Average the bucket in float16: half the bytes on the wire, then back to its dtype."""
+    group = _group(process_group)
+    buffer = bucket.buffer()
+    half = buffer.to(torch.float16).div_(group.size())  # divide first: float16 overflows at 65504
+    fut = dist.all_reduce(half, group=group, async_op=True).get_future()
+
+    def decompress(f):
+        buffer.copy_(f.value()[0])  # in place: no second full-size buffer
+        return buffer
+
+    return fut.then(decompress)
+
+
+class PowerSGDState:
+    """PowerSGD's settings and memory, one object for all buckets (torch's names and defaults).
+
+    matrix_approximation_rank  r: each matrix is sent as (n + m) r numbers
+    start_powerSGD_iter        plain all-reduce for this many steps first: early training is
+                               fragile, and torch's DDP rebuilds its buckets after step 1
+    min_compression_rate       compress a matrix only if n m > rate * (n + m) r
+    use_error_feedback         add what compression dropped last step to this step's gradient
+    warm_start                 start the power iteration from last step's Q
+    orthogonalization_epsilon  added to each column norm: avoids 0 / 0 for an all-zero column
+    random_seed                seeds the Q drawn when there is no previous one (same on all ranks)
+    """
+
+    def __init__(self, process_group, matrix_approximation_rank=1, start_powerSGD_iter=1_000,
+                 min_compression_rate=2, use_error_feedback=True, warm_start=True,
+                 orthogonalization_epsilon=0, random_seed=0):
+        if (use_error_feedback or warm_start) and start_powerSGD_iter <= 1:
+            raise ValueError("start_powerSGD_iter must be > 1 with error feedback or warm start: "
+                             "DDP may rebuild its buckets after step 1, and memory kept per "
+                             "bucket would no longer fit")
+        if isinstance(matrix_approximation_rank, bool) or not isinstance(matrix_approximation_rank, int) \
+                or matrix_approximation_rank < 1:
+            raise ValueError(f"matrix_approximation_rank must be an integer >= 1, "
+                             f"got {matrix_approximation_rank!r}")
+        self.process_group = process_group
+        self.matrix_approximation_rank = matrix_approximation_rank
+        self.start_powerSGD_iter = start_powerSGD_iter
+        self.min_compression_rate = min_compression_rate
+        self.use_error_feedback = use_error_feedback
+        self.warm_start = warm_start
+        self.orthogonalization_epsilon = orthogonalization_epsilon
+        # One seed per fresh Q, drawn from this generator in the same order on every rank: the
+        # same projection everywhere (P = M Q must be summable), a new one each time.
+        self.rng = np.random.RandomState(random_seed)
+        self.error_dict = {}     # bucket index -> what compression dropped (this rank's own)
+        self.p_memory_dict = {}  # bucket index -> every P of the bucket, one flat tensor
+        self.q_memory_dict = {}  # bucket index -> every Q of the bucket, one flat tensor
+        self.iter = 0            # training steps seen (counted at each step's last bucket)
+        self.total_numel_before_compression = 0
+        self.total_numel_after_compression = 0
+
+    def maybe_increase_iter(self, bucket):
+        if bucket.is_last():  # one step = every bucket once; count it once
+            self.iter += 1
+
+    def compression_stats(self):
+        """(rate, values before, values after) over every compressed step so far."""
+        before, after = self.total_numel_before_compression, self.total_numel_after_compression
+        return (before / after if after else 0, before, after)
+
+
+def should_compress(n, m, rank, min_compression_rate):
+    """Is an n x m matrix worth sending as P, Q? Returns (yes, values plain, values as P, Q)."""
+    plain, compressed = n * m, (n + m) * rank
+    return compressed * min_compression_rate < plain, plain, compressed
+
+
+def orthogonalize(matrix, epsilon=0):
+    """Make the columns of `matrix` (n x r) orthonormal, in place.
+
+    Gram-Schmidt: normalize column i, then remove its direction from every later column. torch
+    takes the same route for r <= 2 (and half precision) and QR beyond; both span the same
+    columns, and P Q^T does not change when a column of P and of Q flip sign together.
+    """
+    if matrix.shape[1] > 2 and matrix.dtype not in (torch.float16, torch.bfloat16):
+        torch.linalg.qr(matrix, out=(matrix, matrix.new_empty(matrix.shape[1], matrix.shape[1])))
+        return matrix
+    for i in range(matrix.shape[1]):
+        col = matrix[:, i:i + 1]
+        # An all-zero column gives 0/0 = NaN unless epsilon > 0 (as in torch).
+        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon
+        rest = matrix[:, i + 1:]
+        if rest.numel():
+            rest -= torch.sum(col * rest, dim=0, keepdim=True) * col
+    return matrix
+
+
+def powerSGD_hook(state, bucket):
+    """PowerSGD on one bucket: 1-D gradients averaged as they are, matrices as rank-r P Q^T."""
+    group = _group(state.process_group)
+    world_size = group.size()
+    buffer = bucket.buffer()  # the bucket's gradients, flat; bucket.gradients() are views of it
+    if state.iter < state.start_powerSGD_iter:
+        state.maybe_increase_iter(bucket)
+        return allreduce_hook(group, bucket)
+
+    index = bucket.index()
+    before = None
+    if state.use_error_feedback:
+        if index in state.error_dict:
+            buffer.add_(state.error_dict[index])  # what we failed to send last step
+        else:
+            state.error_dict[index] = torch.zeros_like(buffer)
+        before = buffer.clone()  # to measure, at the end, what compression dropped this time
+
+    # Which gradients to compress: every one is seen as a matrix (rows = first dim). 1-D ones
+    # (biases) never pay: (n + 1) r * 2 > n. They go as they are, in one all-reduce.
+    matrices, vectors = [], []
+    for grad in bucket.gradients():
+        matrix = grad.view(grad.shape[0] if grad.dim() else 1, -1)
+        n, m = matrix.shape
+        r = min(n, m, state.matrix_approximation_rank)
+        worth, plain, compressed = should_compress(n, m, r, state.min_compression_rate)
+        state.total_numel_before_compression += plain
+        state.total_numel_after_compression += compressed if worth else plain
+        (matrices if worth else vectors).append(matrix if worth else grad)
+    # torch lays P and Q out grouped by shape (first-seen order): the random Q values depend
+    # on that order, so we keep it.
+    by_shape = defaultdict(list)
+    for matrix in matrices:
+        by_shape[matrix.shape].append(matrix)
+    matrices = [mat for same in by_shape.values() for mat in same]
+    ranks = [min(*mat.shape, state.matrix_approximation_rank) for mat in matrices]
+
+    # All P's in one flat tensor, all Q's in another: one all-reduce each, not one per matrix.
+    fresh_q = not state.warm_start or index not in state.p_memory_dict
+    if fresh_q:
+        p_size = sum(mat.shape[0] * r for mat, r in zip(matrices, ranks))
+        q_size = sum(mat.shape[1] * r for mat, r in zip(matrices, ranks))
+        state.p_memory_dict[index] = buffer.new_empty(p_size)
+        state.q_memory_dict[index] = buffer.new_empty(q_size)
+    ps, qs, p_at, q_at = [], [], 0, 0
+    for mat, r in zip(matrices, ranks):
+        (n, m) = mat.shape
+        ps.append(state.p_memory_dict[index][p_at:p_at + n * r].view(n, r))
+        qs.append(state.q_memory_dict[index][q_at:q_at + m * r].view(m, r))
+        p_at, q_at = p_at + n * r, q_at + m * r
+
+    if fresh_q:
+        # A random start, the same on every rank: seed from the shared generator, on the CPU,
+        # without disturbing the training's own random stream (dropout, shuffling).
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(state.rng.randint(1_000_000_000))
+            for q in qs:
+                q.copy_(torch.randn(*q.shape, dtype=buffer.dtype))
+                orthogonalize(q, state.orthogonalization_epsilon)
+    else:
+        for q in qs:  # last step's Q, averaged: a better start than a random one
+            orthogonalize(q, state.orthogonalization_epsilon)
+
+    for mat, q, p in zip(matrices, qs, ps):
+        torch.matmul(mat, q, out=p)  # P = M Q: this rank's M projected on Q
+
+    # Three all-reduces in a chain: the plain vectors, then the P's, then the Q's.
+    flat_vectors = torch.cat([v.view(-1) for v in vectors]) if vectors else buffer.new_empty(0)
+    fut = dist.all_reduce(flat_vectors, group=group, async_op=True).get_future()
+
+    def vectors_done_send_ps(f):
+        averaged = f.value()[0].div_(world_size)
+        at = 0
+        for v in vectors:
+            v.copy_(averaged[at:at + v.numel()].view_as(v))
+            at += v.numel()
+        # Sum (not average) of the P's: P is orthogonalized next, which undoes any scale.
+        return dist.all_reduce(state.p_memory_dict[index], group=group, async_op=True) \
+            .get_future().wait()[0]
+
+    def ps_done_send_qs(f):
+        for mat, p, q in zip(matrices, ps, qs):
+            orthogonalize(p, state.orthogonalization_epsilon)
+            torch.matmul(mat.t(), p, out=q)  # Q = M^T P: the same P on every rank, so summable
+        return dist.all_reduce(state.q_memory_dict[index], group=group, async_op=True) \
+            .get_future().wait()[0]
+
+    def qs_done_decompress(f):
+        f.value().div_(world_size)  # Q was summed over ranks: average it
+        for mat, p, q in zip(matrices, ps, qs):
+            torch.matmul(p, q.t(), out=mat)  # M ~ P Q^T, written straight into the bucket
+        if torch.cuda.is_available():
+            torch.cuda.synchronize(buffer.device)  # P Q^T must be done before we read it back
+        if state.use_error_feedback:
+            # This rank's gradient minus what the ranks agreed on. For the plain vectors that is
+            # (local - average), which sums to zero over ranks and so cancels next step: torch
+            # keeps it too, and so do we, to stay equal to torch step for step.
+            state.error_dict[index] = before - buffer
+        if not state.warm_start:
+            state.p_memory_dict.clear()
+            state.q_memory_dict.clear()
+        state.maybe_increase_iter(bucket)
+        return buffer
+
+    return fut.then(vectors_done_send_ps).then(ps_done_send_qs).then(qs_done_decompress)
+
+
+class FlatBucket:
+    """A bucket outside DDP: gradients copied into one flat buffer, with GradBucket's methods,
+    so any hook (ours or torch's) can run on plain tensors. After the hook's future is done,
+    .gradients() hold the averaged gradients."""
+
+    def __init__(self, gradients, index=0, is_last=True):
+        self._buffer = torch.cat([g.detach().reshape(-1) for g in gradients])
+        self._views, at = [], 0
+        for g in gradients:
+            self._views.append(self._buffer[at:at + g.numel()].view_as(g))
+            at += g.numel()
+        self._index, self._last = index, is_last
+
+    def buffer(self):
+        return self._buffer
+
+    def set_buffer(self, tensor):
+        self._buffer.copy_(tensor)
+
+    def index(self):
+        return self._index
+
+    def is_last(self):
+        return self._last
+
+    def gradients(self):
+        return list(self._views)
+
+    def parameters(self):
+        return []
+
+
+def values_sent(shapes, scheme, rank=1, min_compression_rate=2):
+    """What each rank hands to all-reduce per step for gradients of these shapes.
+
+    Returns a list of (values, bytes per value), one entry per all-reduce: one for "none"
+    (float32) and "fp16"; three for "powerSGD" (the uncompressed tensors, then all P's, then
+    all Q's), as powerSGD_hook sends them for one bucket.
+    """
+    total = sum(int(np.prod(s)) for s in shapes)
+    if scheme in ("none", "fp16"):
+        return [(total, 4 if scheme == "none" else 2)]
+    if scheme != "powerSGD":
+        raise ValueError(f"scheme must be 'none', 'fp16' or 'powerSGD', got {scheme!r}")
+    plain = p_values = q_values = 0
+    for s in shapes:
+        n = s[0] if len(s) else 1
+        m = int(np.prod(s)) // n if n else 0
+        r = min(n, m, rank)
+        if should_compress(n, m, r, min_compression_rate)[0]:
+            p_values, q_values = p_values + n * r, q_values + m * r
+        else:
+            plain += n * m
+    return [(plain, 4), (p_values, 4), (q_values, 4)]
+
+
+def predict_compressed_step(compute_s, shapes, world_size, scheme, alpha, beta, rank=1,
+                            compress_s=0.0):
+    """The cost model (dist_sgd.costmodel) with compression: seconds per step on a network
+    (alpha, beta), ring all-reduce, no overlap: compute + compression work + every all-reduce
+    of values_sent (PowerSGD pays three latencies where plain all-reduce pays one)."""
+    from dist_sgd.costmodel import predict_all_reduce
+
+    comm = sum(predict_all_reduce("ring", values * width, world_size, alpha, beta)
+               for values, width in values_sent(shapes, scheme, rank))
+    return compute_s + (compress_s if scheme != "none" else 0.0) + comm

@@ -1,0 +1,274 @@
+"""Our communication hooks (dist_sgd.compress) against torch's, on torch's DDP and on ours.
+
+One launch() per world size (2 and 3) runs every configuration; the small tests below read
+its results. Each configuration trains identical models side by side on the same batches for
+STEPS steps (PowerSGD starts at step START): the reference, torch's hook on torch's DDP, then
+our hook on torch's DDP, torch's hook on our DDP (dist_sgd.ddp) and our hook on our DDP, and
+records every gradient DDP hands back plus the hook's memory.
+
+The model's gradient matrices are full rank (batch 24 per rank > every layer's width, and a
+regression loss: cross-entropy's last-layer gradient has rows summing to zero), so
+PowerSGD at rank 1 or 2 really drops something: equal results are not the lossless case.
+The conv weight (4 x 2 x 3 x 3, seen as a 4 x 18 matrix) and `side` (4 x 18) have the same
+matrix shape but sit far apart: torch lays its P's and Q's out grouped by shape and the random
+Q's depend on that order. Both are compressed at rank 1 but not at rank 2 (min_compression_rate).
+"""
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.algorithms.ddp_comm_hooks.default_hooks as torch_default
+import torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook as torch_powersgd
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+from torch.testing import assert_close
+
+from dist_sgd import compress
+from dist_sgd.ddp import DistributedDataParallel
+from dist_sgd.launch import launch
+
+PER_RANK = 24
+STEPS = 5
+START = 2
+POWERSGD = {  # name -> (matrix_approximation_rank, use_error_feedback, warm_start)
+    "rank 1": (1, True, True),
+    "rank 2": (2, True, True),
+    "rank 1, no error feedback": (1, False, True),
+    "rank 2, no error feedback": (2, False, True),
+    "rank 1, no warm start": (1, True, False),
+    "rank 2, no warm start": (2, True, False),
+    "rank 1, neither": (1, False, False),
+    "rank 2, neither": (2, False, False),
+    "rank 4 (QR)": (4, True, True),
+}
+CONFIGS = ["allreduce", "fp16"] + list(POWERSGD)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3)        # weight 4 x 2 x 3 x 3 -> a 4 x 18 matrix
+        self.fc1 = nn.Linear(64, 16)
+        self.fc2 = nn.Linear(16, 16)
+        self.fc3 = nn.Linear(16, 18)
+        self.head = nn.Linear(18, 16)
+        # 4 x 18, as the conv weight seen as a matrix, far from it; compressed at rank 1
+        # ((4 + 18) * 1 * 2 < 72), not at rank 2 (min_compression_rate).
+        self.side = nn.Linear(18, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.conv(x)).flatten(1)
+        for fc in (self.fc1, self.fc2, self.fc3):
+            h = torch.tanh(fc(h))
+        # Two outputs, a wide one so that every layer below gets a full-rank gradient.
+        return torch.cat([self.head(h), self.side(h)], dim=1)
+
+
+def batch(step, rank):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(PER_RANK, 2, 6, 6, generator=g), torch.randn(PER_RANK, 20, generator=g)
+
+
+def hooks(name, ours):
+    if name == "allreduce":
+        return None, compress.allreduce_hook if ours else torch_default.allreduce_hook
+    if name == "fp16":
+        return None, compress.fp16_compress_hook if ours else torch_default.fp16_compress_hook
+    rank, ef, ws = POWERSGD[name]
+    module = compress if ours else torch_powersgd
+    state = module.PowerSGDState(None, matrix_approximation_rank=rank, start_powerSGD_iter=START,
+                                 use_error_feedback=ef, warm_start=ws, random_seed=7)
+    return state, module.powerSGD_hook
+
+
+# Who is compared with torch's hook on torch's DDP (the reference, "torch"): (DDP, our hook?).
+VARIANTS = {"torch": (TorchDDP, False), "ours on torch DDP": (TorchDDP, True),
+            "torch's on our DDP": (DistributedDataParallel, False),
+            "ours on our DDP": (DistributedDataParallel, True)}
+
+
+def wrap(cls, model):
+    # One bucket: torch 2.14.1's powerSGD_hook can hang on gloo with several small ones.
+    return TorchDDP(model, bucket_cap_mb=1000) if cls is TorchDDP else cls(model, bucket_cap_mb=None)
+
+
+def run_config(name, rank):
+    models, states, out = {}, {}, {}
+    for who, (cls, ours) in VARIANTS.items():
+        torch.manual_seed(0)
+        ddp = wrap(cls, Model())
+        states[who], hook = hooks(name, ours)
+        ddp.register_comm_hook(states[who], hook)
+        models[who], out[who] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.1)), []
+    for step in range(STEPS):
+        x, y = batch(step, rank)
+        for who, (ddp, opt) in models.items():
+            opt.zero_grad()
+            F.mse_loss(ddp(x), y).backward()
+            out[who].append([p.grad.clone() for p in ddp.parameters()])
+            opt.step()
+    if name in POWERSGD:
+        for who, state in states.items():
+            out[who + " state"] = {
+                "iter": state.iter,
+                "error": {k: v.clone() for k, v in state.error_dict.items()},
+                "q": {k: v.clone() for k, v in state.q_memory_dict.items()},
+                "stats": state.compression_stats(),
+            }
+    # torch quirk: no rank may leave while a peer's reducer is still finishing.
+    dist.barrier()
+    return out
+
+
+def _worker(rank, world_size):
+    torch.manual_seed(0)
+    full_rank = []
+    model = Model()
+    x, y = batch(0, rank)
+    F.mse_loss(model(x), y).backward()
+    for p in model.parameters():
+        if p.dim() >= 2:
+            m = p.grad.reshape(p.shape[0], -1)
+            full_rank.append(int(torch.linalg.matrix_rank(m)) == min(m.shape))
+    results = {name: run_config(name, rank) for name in CONFIGS}
+    results["full rank"] = full_rank
+    return results
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda p: f"world_size={p}")
+def runs(request):
+    """Every rank's results: one launch per world size runs every configuration."""
+    return launch(_worker, request.param, backend="gloo", timeout=90)
+
+
+def test_gradients_are_full_rank(runs):
+    for result in runs:
+        assert all(result["full rank"]), result["full rank"]
+
+
+OTHERS = [v for v in VARIANTS if v != "torch"]
+# The same DDP, torch's hook vs ours: equal bit for bit where the arithmetic is the same.
+SAME_DDP = {"torch DDP": ("ours on torch DDP", "torch"),
+            "our DDP": ("ours on our DDP", "torch's on our DDP")}
+
+
+def max_abs(xs, ys):
+    return max((a - b).abs().max().item() for a, b in zip(xs, ys))
+
+
+@pytest.mark.parametrize("ddp", list(SAME_DDP))
+@pytest.mark.parametrize("name", ["allreduce", "fp16"])
+def test_allreduce_and_fp16_hooks_bit_for_bit(runs, name, ddp):
+    ours, theirs = SAME_DDP[ddp]
+    for result in runs:
+        for step, (a, b) in enumerate(zip(result[name][ours], result[name][theirs])):
+            assert max_abs(a, b) == 0, (step, max_abs(a, b))
+
+
+@pytest.mark.parametrize("name", ["allreduce", "fp16"])
+def test_torch_hooks_on_our_ddp_as_on_torch_ddp(runs, name):
+    # Across DDPs the bucket's layout differs (torch rebuilds its bucket in the order gradients
+    # arrived in step 1; ours keeps reverse parameter order), so at world size 3 gloo adds the
+    # same three numbers in another order: float32 rounding, or fp16 rounding (ulp 2^-10 of
+    # the value) for fp16: up to 4 half-ulps of the tensor's largest value.
+    for result in runs:
+        for step, (a, b) in enumerate(zip(result[name]["torch's on our DDP"], result[name]["torch"])):
+            for x, y in zip(a, b):
+                tol = 4 * 2 ** -11 * y.abs().max().item() if name == "fp16" else 1e-8
+                assert (x - y).abs().max().item() <= tol, (step, (x - y).abs().max().item(), tol)
+
+
+def test_fp16_really_rounds(runs):
+    # fp16 gradients are not the float32 ones: the tests above compared something.
+    diffs = [max_abs(f, p) for f, p in zip(runs[0]["fp16"]["ours on our DDP"],
+                                           runs[0]["allreduce"]["ours on our DDP"])]
+    assert max(diffs) > 1e-6, diffs
+
+
+@pytest.mark.parametrize("who", OTHERS)
+@pytest.mark.parametrize("name", list(POWERSGD))
+def test_powerSGD_step_for_step(runs, name, who):
+    for result in runs:
+        for step, (ours, theirs) in enumerate(zip(result[name][who], result[name]["torch"])):
+            for a, b in zip(ours, theirs):
+                assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"step {step}: {m}")
+
+
+@pytest.mark.parametrize("ddp", list(SAME_DDP))
+@pytest.mark.parametrize("name", list(POWERSGD))
+def test_powerSGD_state_matches(runs, name, ddp):
+    # Only on the same DDP: the memory is laid out like the bucket, which differs across DDPs.
+    ours_name, theirs_name = SAME_DDP[ddp]
+    for result in runs:
+        ours, theirs = result[name][ours_name + " state"], result[name][theirs_name + " state"]
+        assert ours["iter"] == theirs["iter"] == STEPS
+        assert ours["stats"] == theirs["stats"]
+        assert ours["error"].keys() == theirs["error"].keys()
+        for k in ours["error"]:
+            assert_close(ours["error"][k], theirs["error"][k], rtol=1e-5, atol=1e-6)
+        assert ours["q"].keys() == theirs["q"].keys()
+        for k in ours["q"]:
+            assert_close(ours["q"][k], theirs["q"][k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(POWERSGD))
+def test_powerSGD_compresses_only_from_start_iter(runs, name):
+    # Every configuration trains the same weights on the same batches until START, so until
+    # then its gradients are the plain all-reduce's ("allreduce"); at START they must not be.
+    result, plain = runs[0][name]["ours on our DDP"], runs[0]["allreduce"]["ours on our DDP"]
+    for step in range(START):
+        assert max_abs(result[step], plain[step]) == 0, step
+    assert max_abs(result[START], plain[START]) > 1e-4
+    if POWERSGD[name][1]:
+        assert any(e.abs().max() > 0 for e in runs[0][name]["ours on our DDP state"]["error"].values())
+
+
+def test_replicas_agree(runs):
+    for name in CONFIGS:
+        for step in range(STEPS):
+            for r in runs[1:]:
+                for a, b in zip(r[name]["ours on our DDP"][step], runs[0][name]["ours on our DDP"][step]):
+                    assert torch.equal(a, b), (name, step)
+
+
+def test_orthogonalize_and_should_compress_match_torch():
+    g = torch.Generator().manual_seed(0)
+    for rank in (1, 2, 3, 5):
+        for eps in (0, 1e-8):
+            m = torch.randn(17, rank, generator=g)
+            ours, theirs = m.clone(), m.clone().unsqueeze(0)
+            compress.orthogonalize(ours, eps)
+            torch_powersgd._orthogonalize(theirs, eps)
+            assert_close(ours, theirs[0], rtol=0, atol=0)
+            assert_close(ours.T @ ours, torch.eye(rank), rtol=1e-5, atol=1e-5)
+    for n, m, r, rate in [(16, 16, 1, 2), (5, 16, 2, 2), (5, 16, 1, 2), (64, 1, 1, 2), (8, 8, 2, 1)]:
+        assert compress.should_compress(n, m, r, rate) == torch_powersgd._should_compress(n, m, r, rate)
+
+
+def test_values_sent_matches_torch_stats(runs):
+    shapes = [p.shape for p in Model().parameters()]
+    for name, (rank, _, _) in POWERSGD.items():
+        _, before, after = runs[0][name]["torch state"]["stats"]
+        steps = STEPS - START
+        assert sum(v for v, _ in compress.values_sent(shapes, "none")) * steps == before
+        assert sum(v for v, _ in compress.values_sent(shapes, "powerSGD", rank)) * steps == after
+
+
+def test_flat_bucket_hook_outside_ddp():
+    # One process (world size 1 over gloo would need a group): only the bookkeeping.
+    grads = [torch.arange(6.0).view(2, 3), torch.tensor([7.0])]
+    bucket = compress.FlatBucket(grads)
+    assert torch.equal(bucket.buffer(), torch.tensor([0, 1, 2, 3, 4, 5, 7.0]))
+    bucket.gradients()[0].mul_(2)
+    assert bucket.buffer()[:6].tolist() == [0, 2, 4, 6, 8, 10]
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="start_powerSGD_iter"):
+        compress.PowerSGDState(None, start_powerSGD_iter=1)
+    with pytest.raises(ValueError, match="matrix_approximation_rank"):
+        compress.PowerSGDState(None, matrix_approximation_rank=0)
+    compress.PowerSGDState(None, start_powerSGD_iter=0, use_error_feedback=False, warm_start=False)
+    with pytest.raises(ValueError, match="scheme"):
+        compress.values_sent([(3, 3)], "int8")
