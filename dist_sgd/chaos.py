@@ -59,5 +59,6 @@ def run_and_kill(cmd, progress_path, after_step, env=None, timeout=300):
 
 def write_step(path, step):
     """Record how far a run got (rank 0, after every step): kill_a_worker reads it."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         f.write(str(step))

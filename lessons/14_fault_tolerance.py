@@ -88,7 +88,6 @@ def one_step(model, opt, data, sampler, step, rank, world_size):
 
 def train(rank, world_size, steps, every, ckpt_dir, data_name):
     """One resumable training run (under torchrun, or spawned by launch)."""
-    os.makedirs(ckpt_dir, exist_ok=True)
     data = get_dataset(data_name, quiet=True).tensors
     sampler = ShardSampler(data[0], world_size, rank, seed=SEED)
     model, opt = build()
@@ -137,7 +136,6 @@ def peer_train(group, steps, data_name):
 
 def killed_torchrun_run(world_size, steps, every, ckpt_dir, data_name):
     """Start torchrun, kill one worker at a random moment, let torchrun restart the group."""
-    os.makedirs(ckpt_dir, exist_ok=True)  # where the progress file will be
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            str(world_size), "--max-restarts", "3", __file__, "--steps", str(steps),
            "--checkpoint-every", str(every), "--checkpoint-dir", ckpt_dir]
@@ -160,18 +158,17 @@ def main():
     data_name = get_dataset("auto", quiet=bool(args.checkpoint_dir)).name
     if args.checkpoint_dir:  # the training run itself: what torchrun starts and restarts
         return launch(train, args.world_size, steps, every, args.checkpoint_dir, data_name)
-    ws = args.world_size
     with tempfile.TemporaryDirectory() as tmp:
-        log(f"1. {steps} steps on {ws} ranks, never interrupted, a checkpoint every {every} steps")
-        ref = launch(train, ws, steps, every, os.path.join(tmp, "a"), data_name)[0]
+        log(f"1. {steps} steps on {args.world_size} ranks, never interrupted, a checkpoint every {every} steps")
+        ref = launch(train, args.world_size, steps, every, os.path.join(tmp, "a"), data_name)[0]
         log("2. the same under torchrun --max-restarts 3, one worker killed at a random moment")
-        run = killed_torchrun_run(ws, steps, every, os.path.join(tmp, "b"), data_name)
+        run = killed_torchrun_run(args.world_size, steps, every, os.path.join(tmp, "b"), data_name)
     log(f"   killed after step {run['done']}, resumed from step {run['resumed']}; final sha256 "
         f"{run['digest'][:16]}... equal to the uninterrupted run's: {run['digest'] == ref['digest']}")
     assert run["digest"] == ref["digest"], "the restarted run ended with other weights"
-    victim, at = random.randrange(ws), random.randint(2, steps - 2)
+    victim, at = random.randrange(args.world_size), random.randint(2, steps - 2)
     log(f"3. peer recovery: rank {victim} killed after step {at}, a replacement joins")
-    weights, events = run_with_peer_recovery(peer_train, ws, args=(steps, data_name), kill=(victim, at))
+    weights, events = run_with_peer_recovery(peer_train, args.world_size, args=(steps, data_name), kill=(victim, at))
     log(check("   every rank's weights after recovery vs the uninterrupted run's",
               max(max_diff(w, ref["weights"]) for w in weights), 0.0))
     peer_s = max(t for what, _, t in events if what == "resumed") - events[0][2]  # kill -> resumed
