@@ -15,8 +15,9 @@ bytes, with 4-byte params and grads and K bytes of optimizer state (Adam in floa
 
 Two communication schemes (scheme=...), N = the bytes of all gradients:
   "broadcast"  (torch's ZeroRedundancyOptimizer): all-reduce every gradient (each rank sends
-      2(p-1)/p N), step the own shard, then each rank broadcasts its updated shard ((p-1)/p N):
-      1.5x the bytes of plain data parallelism. Every rank ends with every averaged gradient.
+      2(p-1)/p N), step the own shard, then each rank broadcasts its updated parameters
+      ((p-1)/p N): 1.5x the bytes of plain data parallelism. Every rank ends with every
+      averaged gradient.
   "all_gather" (DeepSpeed's): reduce-scatter the gradients, so each rank receives the average
       of its own shard only ((p-1)/p N), step, all-gather the parameters ((p-1)/p N): 1.0x.
       Shards differ in size (whole parameters), so both collectives pad every shard to the
@@ -103,10 +104,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.owners, self.loads, self.comm_log = [], [0] * self.world_size, []
         self.optim = None  # Optimizer.__init__ calls add_param_group before we can shard
         super().__init__(params, dict(kwargs))
-        owners, self.loads = partition(self._sizes(self.param_groups), self.world_size)
-        self.owners = owners
-        self.optim = optimizer_cls([self._local_group(g, o) for g, o in zip(self.param_groups, owners)],
-                                   **kwargs)
+        self.owners, self.loads = partition(self._sizes(self.param_groups), self.world_size)
+        local = [self._local_group(g, o) for g, o in zip(self.param_groups, self.owners)]
+        self.optim = optimizer_cls(local, **kwargs)
         self._copy_options_back()
         self.state = self.optim.state  # this rank's shard only: the point of ZeRO
 
@@ -179,7 +179,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         kinds = {(p.dtype, p.device) for s in shards for p in s}
         if len(kinds) > 1:
             raise ValueError(f"ShardedOptimizer flattens every shard into one buffer, so all "
-                             f"trainable parameters need one dtype and device; got {sorted(map(str, kinds))}")
+                             f"trainable parameters need one dtype and device; got "
+                             f"{sorted(map(str, kinds))}")
 
     def _padded(self, shards):
         """The largest shard's numel: reduce_scatter / all_gather need equal chunks."""
@@ -211,17 +212,21 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.comm_log.append(("all_gather", size * like.element_size() * self.world_size))
 
     def _broadcast_shards(self, shards):
+        # One broadcast per parameter, straight into it (torch's default): a flat buffer per
+        # rank would cost a copy in and a copy out of every parameter, every step.
+        works = []
         for r, s in enumerate(shards):
-            numel = sum(p.numel() for p in s)
-            if numel == 0:
-                continue  # every rank knows the partition: all skip the same empty shards
-            flat = s[0].new_empty(numel)
-            if r == self.rank:
-                _pack(s, flat)
-            self.comm.broadcast(flat, src=r)
-            if r != self.rank:
-                _unpack(flat, s)
-            self.comm_log.append(("broadcast", numel * flat.element_size()))
+            for p in s:
+                if self.comm is dist and p.is_contiguous():  # all in flight at once
+                    works.append(dist.broadcast(p, src=r, async_op=True))
+                else:
+                    flat = p.contiguous()  # p itself when contiguous
+                    self.comm.broadcast(flat, src=r)
+                    if flat is not p:
+                        p.copy_(flat)
+                self.comm_log.append(("broadcast", p.numel() * p.element_size()))
+        for work in works:
+            work.wait()
 
     def bytes_per_step(self):
         """Bytes this rank sent in the last step, on average (wire_bytes of each collective)."""

@@ -138,7 +138,8 @@ def report(rows):
             worst = max(r["zero_state_bytes"] for r in ranks)
             best = min(r["zero_state_bytes"] for r in ranks)
             met = "met" if worst <= 1.05 * ideal else "NOT met"
-            print(f"  {model} ({r['parameters']:,} parameters), p={p}: optimizer state per rank, largest {worst / 2**20:.2f} MiB = "
+            print(f"  {model} ({r['parameters']:,} parameters), p={p}: optimizer state per rank, "
+                  f"largest {worst / 2**20:.2f} MiB = "
                   f"{worst / ideal:.3f} x (plain / p) [target <= 1.05: {met}]; smallest "
                   f"{best / ideal:.3f} x; imbalance largest/smallest {worst / best:.2f}")
             print(f"      bytes per step vs plain data parallel: broadcast "
@@ -197,8 +198,8 @@ def draw():
         med = [timed[p][0][f"{key}_ms"] for p in ps]
         lo = [timed[p][0][f"{key}_min_ms"] for p in ps]
         hi = [timed[p][0][f"{key}_max_ms"] for p in ps]
-        ax_time.errorbar(ps, med, yerr=[[m - a for m, a in zip(med, lo)], [b - m for m, b in zip(med, hi)]],
-                         marker="o", capsize=3, label=name)
+        spread = [[m - a for m, a in zip(med, lo)], [b - m for m, b in zip(med, hi)]]
+        ax_time.errorbar(ps, med, yerr=spread, marker="o", capsize=3, label=name)
     ax_time.set_xlabel("world size p (more than 2: ranks share the 2 cores)")
     ax_time.set_ylabel("one step, gradients given (ms; median, min-max)")
     ax_time.set_title(f"time per step, {list(MODELS)[0]}")
