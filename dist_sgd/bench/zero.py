@@ -189,7 +189,7 @@ def draw():
     ax_bytes.axhline(1.0, color="gray", lw=0.8, ls=":")
     ax_bytes.set_xlabel("world size p")
     ax_bytes.set_ylabel("bytes sent per step / plain data parallel's")
-    ax_bytes.set_title("communication: broadcast 1.5x, all_gather 1.0x (+ padding)")
+    ax_bytes.set_title("bytes per step: 1.5x and 1.0x (+ padding)")
     ax_bytes.legend(fontsize=7)
     timed = _per_size(rows, list(MODELS)[0])
     ps = sorted(timed)
@@ -201,8 +201,8 @@ def draw():
         spread = [[m - a for m, a in zip(med, lo)], [b - m for m, b in zip(med, hi)]]
         ax_time.errorbar(ps, med, yerr=spread, marker="o", capsize=3, label=name)
     ax_time.set_xlabel("world size p (more than 2: ranks share the 2 cores)")
-    ax_time.set_ylabel("one step, gradients given (ms; median, min-max)")
-    ax_time.set_title(f"time per step, {list(MODELS)[0]}")
+    ax_time.set_ylabel("one step (ms; median, min-max)")
+    ax_time.set_title(f"time per step, gradients given, {list(MODELS)[0]}")
     ax_time.legend(fontsize=7)
     for ax in axes[0]:
         ax.set_xticks(ps)
