@@ -252,7 +252,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 for i, p in enumerate(mine) if i in local["state"]}
         parts = [None] * self.world_size
         dist.all_gather_object(parts, part)  # rare and small next to training: torch's is fine
-        state = dict(sorted((k, v) for part in parts for k, v in part.items()))
+        state = dict(sorted(((k, v) for part in parts for k, v in part.items()), key=lambda kv: kv[0]))
         groups = [{**{k: v for k, v in g.items() if k != "params"},
                    "params": [index[id(p)] for p in g["params"]]} for g in self.param_groups]
         return {"state": state, "param_groups": groups}
