@@ -48,6 +48,9 @@ BOUNDS = {
 }
 # Lessons also run at an odd world size: chunks and shards that do not split evenly.
 ODD_WORLD_SIZE = ("03", "04", "06", "07")
+MIN_CHECKS["13"] = 3  # ZeRO-1 vs plain Adam: broadcast, all_gather (ours), under our DDP
+BOUNDS["13"] = [(r"ZeRO-1 broadcast +[0-9.]+ KiB +([0-9.]+)x", "==", 1.5)]  # bytes, counted
+ODD_WORLD_SIZE += ("13",)
 
 
 def run_lesson(name, *args, timeout=240):

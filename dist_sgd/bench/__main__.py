@@ -37,6 +37,7 @@ MEASUREMENTS = {
     "cluster": "lesson 11: 2 nodes on a 1 Gbit/s link (needs root; skips otherwise)",
     "compress": "lesson 12: compression hooks (bytes, step time ours vs torch's, error feedback)",
     "atscale": "figure 6: the cost model at 1..1024 workers vs published results",
+    "zero": "lesson 13: ZeRO-1 optimizer state per rank, bytes and time per step vs torch's",
 }
 
 

@@ -1,0 +1,300 @@
+"""ZeRO stage 1: every rank keeps the optimizer state of only its own 1/p of the parameters.
+
+Data parallelism keeps on every rank a full copy of the parameters, the gradients and the
+optimizer state; for Adam the state is two more tensors per parameter (exp_avg, exp_avg_sq),
+so it is the largest of the three. ZeRO-1 (Rajbhandari et al. 2020) partitions the parameters
+into p shards, one per rank; each rank runs the optimizer on its shard only (so only it holds
+that shard's state), then the ranks share the updated parameters. Memory per parameter, in
+bytes, with 4-byte params and grads and K bytes of optimizer state (Adam in float32: K = 8):
+
+    plain data parallel: 4 + 4 + K          ZeRO-1: 4 + 4 + K / p
+
+    opt = ShardedOptimizer(model.parameters(), torch.optim.Adam, lr=1e-3)
+    loss.backward()
+    opt.step()              # gradients -> this rank's shard updated -> parameters shared
+
+Two communication schemes (scheme=...), N = the bytes of all gradients:
+  "broadcast"  (torch's ZeroRedundancyOptimizer): all-reduce every gradient (each rank sends
+      2(p-1)/p N), step the own shard, then each rank broadcasts its updated parameters
+      ((p-1)/p N): 1.5x the bytes of plain data parallelism. Every rank ends with every
+      averaged gradient.
+  "all_gather" (DeepSpeed's): reduce-scatter the gradients, so each rank receives the average
+      of its own shard only ((p-1)/p N), step, all-gather the parameters ((p-1)/p N): 1.0x.
+      Shards differ in size (whole parameters), so both collectives pad every shard to the
+      largest: the bytes counted include the padding.
+
+Gradients already averaged (reduce_gradients=False): under our DistributedDataParallel, or
+after dist_sgd.sync.average_gradients, every rank already holds the averaged gradient of every
+parameter. Reducing again would be wrong twice over: an all-reduce sums p copies of the mean
+(p times too large unless divided again) and costs 2(p-1)/p N for nothing. So then both schemes
+skip the gradient step and only share the parameters (broadcast or all-gather): the same
+(p-1)/p N either way, on top of the 2(p-1)/p N the DDP all-reduce spent, i.e. 1.5x. DeepSpeed's
+1.0x needs the optimizer to own the gradient communication: reduce_gradients=True, no DDP.
+
+collectives="torch" uses torch.distributed's; "ours" dist_sgd.collectives' (from send/recv).
+Every rank must see the same parameters in the same order, and the same parameters without a
+gradient (as for average_gradients). Parameters with requires_grad=False when they are handed
+over belong to no shard (an optimizer never updates them); to train them later, add them with
+add_param_group. All trainable parameters must share one dtype and device (one flat buffer).
+"""
+import torch
+import torch.distributed as dist
+
+from . import collectives as ours
+from .sync import average_gradients, gradients_to_sync
+
+SCHEMES = ("broadcast", "all_gather")
+COLLECTIVES = {"torch": dist, "ours": ours}  # the same in-place signatures
+
+
+def partition(sizes_per_group, world_size, loads=None):
+    """Owner rank of every parameter: sorted-greedy, group by group (torch's algorithm).
+
+    sizes_per_group: for each group, the numel of each parameter (None: not trainable, no
+    owner). Within a group the largest goes first, each to the least-loaded rank so far
+    (ties: the lowest rank); loads carry over from group to group, so adding a group later
+    leaves every earlier owner where it was. Deterministic: every rank computes the same.
+    Returns (owners per group, loads per rank).
+    """
+    loads = list(loads) if loads is not None else [0] * world_size
+    owners = []
+    for sizes in sizes_per_group:
+        mine = [None] * len(sizes)
+        order = sorted((i for i, n in enumerate(sizes) if n is not None), key=lambda i: -sizes[i])
+        for i in order:  # sorted() is stable: equal sizes keep their order
+            rank = loads.index(min(loads))
+            mine[i], loads[rank] = rank, loads[rank] + sizes[i]
+        owners.append(mine)
+    return owners, loads
+
+
+def wire_bytes(collective, nbytes, world_size):
+    """Bytes each rank sends, on average, in a bandwidth-optimal collective over nbytes.
+
+    all_reduce (ring): 2(p-1)/p n. reduce_scatter and all_gather (n = all ranks' chunks
+    together): (p-1)/p n. broadcast: every other rank must receive the n bytes once, (p-1) n
+    on the wire in all, shared by p ranks: (p-1)/p n. Our collectives send exactly this much.
+    """
+    p = world_size
+    factor = {"all_reduce": 2 * (p - 1) / p, "reduce_scatter": (p - 1) / p,
+              "all_gather": (p - 1) / p, "broadcast": (p - 1) / p}[collective]
+    return factor * nbytes
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    """optimizer_cls(**kwargs) over this rank's shard; step() shares the result.
+
+    A torch.optim.Optimizer itself (LR schedulers accept it): param_groups hold every
+    parameter and the options; the wrapped optimizer (.optim) holds this rank's parameters
+    only, and .state is its state. state_dict() is consolidated (all ranks must call it) and
+    has the plain optimizer's layout, so it loads into optimizer_cls(params) and back.
+    """
+
+    def __init__(self, params, optimizer_cls, scheme="broadcast", collectives="torch",
+                 reduce_gradients=True, **kwargs):
+        if scheme not in SCHEMES:
+            raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+        if collectives not in COLLECTIVES:
+            raise ValueError(f"collectives must be one of {tuple(COLLECTIVES)}, got {collectives!r}")
+        if not dist.is_initialized():
+            raise RuntimeError("ShardedOptimizer needs a process group: run inside "
+                               "dist_sgd.launch.launch(...) or under torchrun")
+        self.scheme, self.comm, self.reduce_gradients = scheme, COLLECTIVES[collectives], reduce_gradients
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.owners, self.loads, self.comm_log = [], [0] * self.world_size, []
+        self.optim = None  # Optimizer.__init__ calls add_param_group before we can shard
+        super().__init__(params, dict(kwargs))
+        self.owners, self.loads = partition(self._sizes(self.param_groups), self.world_size)
+        local = [self._local_group(g, o) for g, o in zip(self.param_groups, self.owners)]
+        self.optim = optimizer_cls(local, **kwargs)
+        self._copy_options_back()
+        self.state = self.optim.state  # this rank's shard only: the point of ZeRO
+
+    # ---- partitioning --------------------------------------------------------------------
+
+    @staticmethod
+    def _sizes(groups):
+        return [[p.numel() if p.requires_grad else None for p in g["params"]] for g in groups]
+
+    def _local_group(self, group, owners):
+        return {**group, "params": [p for p, r in zip(group["params"], owners) if r == self.rank]}
+
+    def _copy_options_back(self):
+        """The wrapped optimizer filled in its defaults (betas, ...): show them here too.
+        Only missing keys: our param_groups are the truth (an LR scheduler writes there)."""
+        for group, local in zip(self.param_groups, self.optim.param_groups):
+            for k, v in local.items():
+                group.setdefault(k, v)
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        if self.optim is None:
+            return  # still in __init__: the whole list is sharded there
+        owners, self.loads = partition(self._sizes(self.param_groups[-1:]), self.world_size, self.loads)
+        self.owners += owners
+        self.optim.add_param_group(self._local_group(self.param_groups[-1], owners[0]))
+        self._copy_options_back()
+
+    def shard(self, rank=None):
+        """The parameters `rank` (default: this one) owns, in param_groups order."""
+        rank = self.rank if rank is None else rank
+        return [p for g, o in zip(self.param_groups, self.owners)
+                for p, r in zip(g["params"], o) if r == rank]
+
+    def _trainable(self):
+        return [p for g, o in zip(self.param_groups, self.owners)
+                for p, r in zip(g["params"], o) if r is not None]
+
+    # ---- the step --------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None, **kwargs):
+        loss = None
+        if closure is not None:  # gradients first: they are what we communicate
+            with torch.enable_grad():
+                loss = closure()
+        for group, local in zip(self.param_groups, self.optim.param_groups):
+            # An LR scheduler changed our param_groups: the wrapped optimizer must see it.
+            local.update({k: v for k, v in group.items() if k != "params"})
+        self.comm_log = []
+        shards = [self.shard(r) for r in range(self.world_size)]
+        if not any(shards):
+            return loss  # nothing trainable: nothing to update or share
+        self._check_flat(shards)
+        if self.scheme == "broadcast":
+            if self.reduce_gradients:  # every gradient averaged everywhere, as plain DDP does
+                n = sum(g.numel() * g.element_size() for g in gradients_to_sync(self._trainable()))
+                average_gradients(self._trainable(), flat=True, all_reduce=self.comm.all_reduce)
+                self.comm_log.append(("all_reduce", n))
+            self.optim.step(**kwargs)
+            self._broadcast_shards(shards)
+        else:
+            if self.reduce_gradients:  # only this rank's shard of the average arrives here
+                self._reduce_scatter_gradients(shards)
+            self.optim.step(**kwargs)
+            self._all_gather_shards(shards)
+        return loss
+
+    def _check_flat(self, shards):
+        kinds = {(p.dtype, p.device) for s in shards for p in s}
+        if len(kinds) > 1:
+            raise ValueError(f"ShardedOptimizer flattens every shard into one buffer, so all "
+                             f"trainable parameters need one dtype and device; got "
+                             f"{sorted(map(str, kinds))}")
+
+    def _padded(self, shards):
+        """The largest shard's numel: reduce_scatter / all_gather need equal chunks."""
+        return max(sum(p.numel() for p in s) for s in shards)
+
+    def _reduce_scatter_gradients(self, shards):
+        size, like = self._padded(shards), self._trainable()[0]
+        chunks = []
+        for s in shards:  # rank r's chunk: its parameters' gradients, zeros where none
+            chunk = like.new_zeros(size)
+            _pack([p.grad if p.grad is not None else torch.zeros_like(p) for p in s], chunk)
+            chunks.append(chunk)
+        mine = like.new_empty(size)
+        self.comm.reduce_scatter(mine, chunks, op=dist.ReduceOp.SUM)
+        mine.div_(self.world_size)  # a sum over ranks -> the mean (gloo has no AVG)
+        # Every rank skips the same gradient-less parameters (see the module docstring).
+        _unpack(mine, [p.grad for p in shards[self.rank]], like=shards[self.rank])
+        self.comm_log.append(("reduce_scatter", size * like.element_size() * self.world_size))
+
+    def _all_gather_shards(self, shards):
+        size, like = self._padded(shards), self._trainable()[0]
+        mine = like.new_zeros(size)
+        _pack(shards[self.rank], mine)
+        gathered = [like.new_empty(size) for _ in shards]
+        self.comm.all_gather(gathered, mine)
+        for r, s in enumerate(shards):
+            if r != self.rank:
+                _unpack(gathered[r], s)
+        self.comm_log.append(("all_gather", size * like.element_size() * self.world_size))
+
+    def _broadcast_shards(self, shards):
+        # One broadcast per parameter, straight into it (torch's default): a flat buffer per
+        # rank would cost a copy in and a copy out of every parameter, every step.
+        works = []
+        for r, s in enumerate(shards):
+            for p in s:
+                if self.comm is dist and p.is_contiguous():  # all in flight at once
+                    works.append(dist.broadcast(p, src=r, async_op=True))
+                else:
+                    flat = p.contiguous()  # p itself when contiguous
+                    self.comm.broadcast(flat, src=r)
+                    if flat is not p:
+                        p.copy_(flat)
+                self.comm_log.append(("broadcast", p.numel() * p.element_size()))
+        for work in works:
+            work.wait()
+
+    def bytes_per_step(self):
+        """Bytes this rank sent in the last step, on average (wire_bytes of each collective)."""
+        return sum(wire_bytes(c, n, self.world_size) for c, n in self.comm_log)
+
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    def _global_index(self):
+        """Parameter -> its position in the plain optimizer's state_dict (over all groups)."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        return {id(p): i for i, p in enumerate(params)}
+
+    def state_dict(self):
+        """The plain optimizer's state_dict, assembled from every rank's shard (collective).
+
+        State tensors come back on the CPU, as a checkpoint would hold them; load_state_dict
+        moves them to the parameters' device.
+        """
+        index, local = self._global_index(), self.optim.state_dict()
+        mine = [p for g in self.optim.param_groups for p in g["params"]]
+        part = {index[id(p)]: {k: v.cpu() if torch.is_tensor(v) else v
+                               for k, v in local["state"][i].items()}
+                for i, p in enumerate(mine) if i in local["state"]}
+        parts = [None] * self.world_size
+        dist.all_gather_object(parts, part)  # rare and small next to training: torch's is fine
+        state = dict(sorted(((k, v) for part in parts for k, v in part.items()), key=lambda kv: kv[0]))
+        groups = [{**{k: v for k, v in g.items() if k != "params"},
+                   "params": [index[id(p)] for p in g["params"]]} for g in self.param_groups]
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict):
+        """Load a consolidated (plain optimizer's) state_dict: each rank keeps its shard's."""
+        saved = state_dict["param_groups"]
+        if len(saved) != len(self.param_groups) or any(
+                len(s["params"]) != len(g["params"]) for s, g in zip(saved, self.param_groups)):
+            raise ValueError("the state_dict's parameter groups do not match this optimizer's "
+                             "(number of groups, or parameters per group)")
+        # Saved positions are the plain optimizer's: map ours onto them group by group.
+        to_saved = {id(p): i for g, s in zip(self.param_groups, saved)
+                    for p, i in zip(g["params"], s["params"])}
+        for group, s in zip(self.param_groups, saved):
+            group.update({k: v for k, v in s.items() if k != "params"})
+        local_state, local_groups, i = {}, [], 0
+        for group, local in zip(self.param_groups, self.optim.param_groups):
+            ids = []
+            for p in local["params"]:
+                if to_saved[id(p)] in state_dict["state"]:
+                    local_state[i] = state_dict["state"][to_saved[id(p)]]
+                ids.append(i)
+                i += 1
+            local_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": ids})
+        self.optim.load_state_dict({"state": local_state, "param_groups": local_groups})
+        self.state = self.optim.state
+
+
+def _pack(tensors, flat):
+    """Copy tensors one after another into the start of the 1-D tensor flat."""
+    offset = 0
+    for t in tensors:
+        flat[offset:offset + t.numel()].copy_(t.reshape(-1))
+        offset += t.numel()
+
+
+def _unpack(flat, tensors, like=None):
+    """The reverse of _pack: flat's elements back into the tensors, in place. A None in
+    tensors (a parameter without a gradient) is skipped; like gives the sizes then."""
+    offset = 0
+    for t, shape in zip(tensors, like or tensors):
+        if t is not None:
+            t.copy_(flat[offset:offset + shape.numel()].view_as(shape))
+        offset += shape.numel()
