@@ -20,7 +20,7 @@ itself once in every node, exactly as a cluster runs a job, and measures:
      compute + all-reduce after backward; forward + max(backward, all-reduce) with overlap.
 
 Needs root (network namespaces); without it the lesson says so, shows the numbers recorded in
-figures/cluster.csv (`python -m dist_sgd.bench cluster` measures them) and runs the same
+figures/cluster.csv (the figures' benchmark measures them, see the README) and runs the same
 measurements over loopback for comparison. Honest expectations: the nodes share this machine's
 cores. Ping-pong and all-reduce are bound by the 1 Gbit/s link even on a busy machine; a
 training step is not: on 2 cores with other work running, computing BigNet's step takes far
@@ -166,7 +166,7 @@ def report(out, rate_bits, p):
 
 def recorded(why, args):
     with open(os.path.join(os.path.dirname(__file__), "..", "figures", "cluster.csv"), newline="") as f:
-        log(f"No cluster here: {why}\nWhat `python -m dist_sgd.bench cluster` recorded on "
+        log(f"No cluster here: {why}\nWhat the figures' benchmark recorded on "
             f"{f.readline().lstrip('# ').strip()}:")
         for row in csv.DictReader(f):  # part, name, bytes, seconds (median), min, max, max_diff
             log(f"   {row['part']:12s} {row['name']:25s}" + (f"{costmodel.human_bytes(int(row['bytes'])):>9s} "
