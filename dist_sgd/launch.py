@@ -213,7 +213,9 @@ def _context():
         raise ValueError(f"DIST_SGD_START_METHOD must be one of {START_METHODS}, got {method!r}")
     ctx = mp.get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "dist_sgd.launch"])
+        # torch._dynamo too: torch's optimizers and DDP import it on first use, 3-4 s of CPU in
+        # every rank of every launch; imported once here, it starts no thread.
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "dist_sgd.launch"])
     return ctx
 
 
