@@ -5,11 +5,10 @@
         stats = ParameterServer(model, servers, workers, lr=0.05, mode="async").serve()
     else:
         worker = Worker(model, servers)
-        worker.pull()                        # the current weights, from every server
-        for x, y in batches:
+        while worker.pull():                 # the newest weights (False: the server has enough)
+            x, y = next(batches)
             model.zero_grad(); F.nll_loss(model(x), y).backward()
-            worker.push()                    # my gradient, to every server ...
-            worker.pull()                    # ... and the weights it leads to
+            worker.push()                    # my gradient, to every server
         worker.finish()                      # "done"; then the final weights
 
 The parameters are one flat vector cut into contiguous shards, one per server (Downpour SGD,
@@ -95,12 +94,13 @@ class ParameterServer:
     """One server: holds its shard of the weights, serves `workers` until all are done."""
 
     def __init__(self, model, servers, workers, lr, momentum=0.0, weight_decay=0.0, mode="sync",
-                 staleness_aware=False, timeout=TIMEOUT):
+                 staleness_aware=False, max_updates=None, timeout=TIMEOUT):
         _check_ranks(servers, workers)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.rank, self.servers, self.workers = dist.get_rank(), list(servers), list(workers)
         self.mode, self.staleness_aware, self.timeout, self.lr = mode, staleness_aware, timeout, lr
+        self.max_updates = max_updates  # None: until the workers say they are done
         flat = flat_weights(model).to(device())
         self.lo, self.hi = shard_bounds(flat.numel(), len(servers))[self.servers.index(self.rank)]
         self.weights = torch.nn.Parameter(flat[self.lo:self.hi].clone())
@@ -109,9 +109,16 @@ class ParameterServer:
         self.staleness = []  # one entry per update: how many updates the gradient missed
         self.bytes_sent = self.bytes_received = 0
 
-    def _send_weights(self, ranks):
-        works = [dist.isend(self.weights.detach(), w, tag=DATA_TAG) for w in ranks]
-        self.bytes_sent += len(ranks) * self.weights.numel() * self.weights.element_size()
+    def _send_weights(self, ranks, more=True):
+        """Send [version, more] and the weights; more=0 asks the worker to stop."""
+        more = more and (self.max_updates is None or self.version < self.max_updates)
+        header = torch.tensor([self.version, int(more)], device=self.weights.device)
+        works = []
+        for w in ranks:
+            works += [dist.isend(header, w, tag=HEADER_TAG),
+                      dist.isend(self.weights.detach(), w, tag=DATA_TAG)]
+        self.bytes_sent += len(ranks) * (header.numel() * header.element_size()
+                                         + self.weights.numel() * self.weights.element_size())
         for work in works:
             work.wait()
 
@@ -178,7 +185,7 @@ class ParameterServer:
                 self._apply(self._receive_gradient(w), staleness)
                 self._send_weights([w])
                 sent_version[w] = self.version
-        self._send_weights(self.workers)  # the final weights: workers wait for them in finish()
+        self._send_weights(self.workers, more=False)  # the final weights, for finish()
         return {"rank": self.rank, "updates": self.version, "staleness": self.staleness,
                 "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
                 "shard": (self.lo, self.hi), "weights": self.weights.detach().cpu().clone()}
@@ -191,7 +198,7 @@ class Worker:
         self.model, self.servers = model, list(servers)
         numel = sum(p.numel() for p in _params(model))
         self.bounds = shard_bounds(numel, len(self.servers))
-        self.steps = self.bytes_sent = self.bytes_received = 0
+        self.steps = self.bytes_sent = self.bytes_received = self.version = 0
 
     def _send(self, kind, flat=None):
         header = torch.tensor([kind, self.steps], dtype=torch.int64, device=device())
@@ -208,17 +215,23 @@ class Worker:
 
     @torch.no_grad()
     def pull(self):
-        """Receive every server's shard and write them into the model's parameters."""
+        """Receive every server's shard into the model's parameters. False: the servers want
+        no more gradients (max_updates reached): stop, and call finish()."""
         flat = torch.empty_like(flat_weights(self.model))
-        works = [dist.irecv(flat[lo:hi], s, tag=DATA_TAG)
-                 for s, (lo, hi) in zip(self.servers, self.bounds)]
+        headers = torch.zeros(len(self.servers), 2, dtype=torch.int64, device=flat.device)
+        works = []
+        for i, (s, (lo, hi)) in enumerate(zip(self.servers, self.bounds)):
+            works += [dist.irecv(headers[i], s, tag=HEADER_TAG),
+                      dist.irecv(flat[lo:hi], s, tag=DATA_TAG)]
         for work in works:
             work.wait()
-        self.bytes_received += flat.numel() * flat.element_size()
+        self.bytes_received += flat.numel() * flat.element_size() + headers.numel() * 8
         offset = 0
         for p in _params(self.model):
             p.copy_(flat[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
+        self.version = int(headers[:, 0].min())
+        return bool(headers[:, 1].min())
 
     def push(self):
         """Send this worker's gradients (p.grad of every parameter) to the servers."""

@@ -81,7 +81,7 @@ def diloco_by_hand(rank, world_size, period, outer_lr, mu):
                 state["b"] = g.clone() if state["b"] is None else mu * state["b"] + g
                 state["anchor"] = state["anchor"] - outer_lr * (g + mu * state["b"])
                 with torch.no_grad():
-                    torch.nn.utils.vector_to_parameters(state["anchor"], model.parameters())
+                    torch.nn.utils.vector_to_parameters(state["anchor"].clone(), model.parameters())
             state["counter"] += 1
         return hook
     return make

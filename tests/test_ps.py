@@ -210,9 +210,9 @@ def dying(rank, world_size, who, how):
 def test_a_dead_or_silent_rank_is_named_and_the_run_ends(who, how):
     start = time.monotonic()
     with pytest.raises(RankError) as err:
-        launch(dying, 3, who, how, backend="gloo", timeout=20)
+        launch(dying, 3, who, how, backend="gloo", timeout=120)  # a hang would last >= 120 s
     seconds = time.monotonic() - start
-    assert seconds < 15, f"took {seconds:.0f} s to end"
+    assert seconds < 60, f"took {seconds:.0f} s to end"  # ~5 s on a quiet machine
     if how == "dies":
         assert err.value.rank == who, str(err.value)
     else:  # the server notices first and names the silent worker
