@@ -27,13 +27,13 @@ import torch.nn.functional as F
 TIMEOUT = 300.0
 
 
-def _train(model, images, labels, rank, steps, batch_size, lr, seed, conn):
+def _train(model, images, labels, rank, steps, batch_size, lr, momentum, seed, conn):
     torch.set_num_threads(1)
     try:
         torch.manual_seed(seed + rank)  # dropout masks differ per process
         g = torch.Generator().manual_seed(seed * 1000 + rank)  # each process its own batches
-        # Plain SGD, no momentum: a momentum buffer would be private to this process anyway.
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        # A momentum buffer is private to this process: only the weights are shared.
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
         model.train()
         losses, times, start = [], [], time.perf_counter()
         for _ in range(steps):
@@ -50,7 +50,8 @@ def _train(model, images, labels, rank, steps, batch_size, lr, seed, conn):
         os._exit(1)
 
 
-def hogwild(model, dataset, processes, steps, batch_size, lr, seed=0, timeout=TIMEOUT):
+def hogwild(model, dataset, processes, steps, batch_size, lr, momentum=0.0, seed=0,
+            timeout=TIMEOUT):
     """Train `model` (in place, in shared memory) with `processes` lock-free processes.
 
     dataset: a TensorDataset (images, labels). Returns {"losses": [[per step] per process],
@@ -70,7 +71,7 @@ def hogwild(model, dataset, processes, steps, batch_size, lr, seed=0, timeout=TI
         for rank in range(processes):
             recv_end, send_end = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_train, name=f"hogwild{rank}",
-                            args=(model, images, labels, rank, steps, batch_size, lr, seed, send_end))
+                            args=(model, images, labels, rank, steps, batch_size, lr, momentum, seed, send_end))
             p.start()
             send_end.close()
             procs.append(p)
