@@ -111,14 +111,68 @@ def plain_sgd(steps=STEPS):
     return history
 
 
+def ordered_async(rank, token_group, staleness_aware):
+    """Async PS, workers 1 and 2, in a forced order: worker 2 pulls version 0, then waits until
+    worker 1 has pushed all its STEPS gradients; so its first gradient is STEPS updates stale."""
+    servers, workers = [0], [1, 2]
+    model = fresh()
+    if rank == 0:
+        return ps.ParameterServer(model, servers, workers, LR, MOMENTUM, WD, mode="async",
+                                  staleness_aware=staleness_aware).serve()
+    if rank not in workers:
+        return None
+    x, y = batches(2)
+    me = slice((rank - 1) * PER_WORKER, rank * PER_WORKER)
+    worker, token = ps.Worker(model, servers), torch.zeros(1)
+    worker.pull()
+    for step in range(STEPS):
+        if rank == 2 and step == 0:
+            dist.recv(token, 1, group=token_group)  # worker 1 is done pushing
+        model.zero_grad()
+        F.nll_loss(model(x[step][me]), y[step][me]).backward()
+        worker.push()
+        worker.pull()
+    if rank == 1:
+        dist.send(token, 2, group=token_group)
+    return {**worker.finish(), "final": weights(model)}
+
+
+def replay_ordered(staleness_aware):
+    """The same updates, one after the other in one process: worker 1's 4 gradients, then
+    worker 2's first (computed on the initial weights), then its 3 fresh ones."""
+    model = fresh()
+    x, y = batches(2)
+    start = weights(model)
+    flat = torch.nn.Parameter(start.clone())
+    opt = torch.optim.SGD([flat], lr=LR, momentum=MOMENTUM, weight_decay=WD)
+
+    def grad_at(w, step, worker):
+        torch.nn.utils.vector_to_parameters(w.detach().clone(), [p for p in model.parameters() if p.requires_grad])
+        model.zero_grad()
+        me = slice(worker * PER_WORKER, (worker + 1) * PER_WORKER)
+        F.nll_loss(model(x[step][me]), y[step][me]).backward()
+        return ps.flat_gradients(model)
+
+    order = [(0, k, 0) for k in range(STEPS)] + [(1, 0, STEPS)] + [(1, k, 0) for k in range(1, STEPS)]
+    for worker, step, stale in order:
+        g = grad_at(start if stale else flat, step, worker)
+        opt.param_groups[0]["lr"] = LR / max(1, stale) if staleness_aware else LR
+        flat.grad = g
+        opt.step()
+    return flat.detach()
+
+
 def scenarios(rank, world_size):
-    groups = {"one server": dist.new_group([1, 2, 3]), "two servers": dist.new_group([2, 3])}
+    groups = {"one server": dist.new_group([1, 2, 3]), "two servers": dist.new_group([2, 3]),
+              "tokens": dist.new_group([1, 2])}
     out = {}
     out["sync 1x3"] = (ps_run(rank, [0], [1, 2, 3], "sync"), allreduce_run(rank, [1, 2, 3], groups["one server"]))
     out["sync 2x2"] = (ps_run(rank, [0, 1], [2, 3], "sync"), allreduce_run(rank, [2, 3], groups["two servers"]))
     out["async 1x1"] = (ps_run(rank, [0], [1], "async"), plain_sgd() if rank == 1 else None)
     out["async 1x3"] = (ps_run(rank, [0], [1, 2, 3], "async"), None)
     out["async aware"] = (ps_run(rank, [0], [1, 2, 3], "async", staleness_aware=True), None)
+    for aware in (False, True):
+        out[f"ordered aware={aware}"] = (ordered_async(rank, groups["tokens"], aware), None)
     dist.barrier()
     return out
 
@@ -165,6 +219,15 @@ def test_async_ps_counts_every_update_and_its_staleness(four, case):
     torch.testing.assert_close(finals[0], server["weights"])
     bytes_per_gradient = server["weights"].numel() * 8
     assert server["bytes_received"] == 3 * STEPS * bytes_per_gradient
+
+
+@pytest.mark.parametrize("aware", [False, True])
+def test_async_staleness_and_staleness_aware_lr_replayed(four, aware):
+    server = four[0][f"ordered aware={aware}"][0]
+    assert server["staleness"] == [0] * STEPS + [STEPS] + [0] * (STEPS - 1)
+    want = replay_ordered(aware)
+    torch.testing.assert_close(server["weights"], want)
+    torch.testing.assert_close(four[2][f"ordered aware={aware}"][0]["final"], want)
 
 
 def test_roles_and_shards_reject_bad_sizes():

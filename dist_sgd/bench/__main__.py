@@ -32,6 +32,7 @@ MEASUREMENTS = {
     "ddp": "figure 5 and more: our DDP vs torch DDP, bucket sweep, backward timeline",
     "comparison": "lesson 09: every strategy trained side by side (loss, accuracy, time, memory)",
     "atscale": "figure 6: the cost model at 1..1024 workers vs published results",
+    "beyond": "lesson 15: parameter server, async SGD, Hogwild, local SGD vs all-reduce SGD",
 }
 
 
