@@ -1,4 +1,4 @@
-"""Lesson 15: beyond synchronous all-reduce - a parameter server, asynchronous SGD, Hogwild, local SGD.
+"""Lesson 15: beyond synchronous all-reduce: parameter server, async SGD, Hogwild, local SGD.
 
 Every lesson so far ran synchronous data-parallel SGD: all ranks compute a gradient, one
 all-reduce averages it, all ranks take the same step. It is one point in a design space:
@@ -23,10 +23,19 @@ made 3x slower on purpose (a straggler) in two runs, to show what synchronous tr
 for its slowest member. The checks: sync PS == all-reduce SGD, local SGD with H = 1 ==
 all-reduce SGD (weights after CHECK_STEPS steps, float32 rounding).
 
+Every method sees the same number of training items. The synchronous ones take one step per
+global batch of 60; async PS and Hogwild take one step per worker batch of 30 (twice as many,
+smaller steps), which is why their loss can fall faster per item: compare them with that in
+mind, not as a verdict on asynchrony.
+
 What to expect on a 2-core laptop: 3 processes share 2 cores, so no method is fast; compare
 them with each other. The straggler sets the pace of sync PS; async PS keeps the fast worker
-busy and gets more gradients per second, paying with stale gradients. Local SGD sends a
-fraction of the bytes. Hogwild sends none (shared memory) but only works on one machine.
+busy and gets more gradients per second, paying with stale gradients (the histogram). Bytes
+per step: all-reduce sends 2(p-1)/p of the model per worker (the ring's count, what gloo's
+ring moves); a PS sends the model twice per worker (gradient up, weights down), all through
+rank 0's link; local SGD sends all-reduce's bytes / H; Hogwild sends none (shared memory)
+but works only on one machine. An async PS may apply a gradient or two past max_updates:
+those were already on their way when it said "enough".
 Figures (loss against steps and wall time, bytes, staleness): `python -m dist_sgd.bench beyond`.
 
 Run:
@@ -112,7 +121,8 @@ def train(rank, world_size, steps):
         if rank in servers:
             return ps.ParameterServer(model, servers, workers, LR, MOMENTUM, mode=mode,
                                       max_updates=updates).serve()
-        worker, rec, start, snapshot, k = ps.Worker(model, servers), [], time.perf_counter(), None, 0
+        worker, rec, snapshot, k = ps.Worker(model, servers), [], None, 0
+        start = time.perf_counter()
         while worker.pull():  # the newest weights; False once the server has had enough
             snapshot = ps.flat_weights(model).clone() if worker.version == CHECK_STEPS else snapshot
             loss = gradient(model, k, slow)
@@ -157,13 +167,15 @@ def main():
     methods["Hogwild"] = [{"rec": list(zip(t, l)), "bytes": 0, "weights": ps.flat_weights(model)}
                           for t, l in zip(hog["times"], hog["losses"])]
 
-    log(f"\n{len(workers)} workers, global batch {GLOBAL_BATCH}, lr {LR}, momentum {MOMENTUM}, {steps} steps' worth "
-        f"of data per method; worker {workers[-1]} is {SLOW}x slower in the 'slow' runs\n")
+    log(f"\n{len(workers)} workers, global batch {GLOBAL_BATCH}, lr {LR}, momentum {MOMENTUM}, "
+        f"{steps} global batches of data per method; worker {workers[-1]} is {SLOW}x slower in "
+        "the 'slow' runs\n")
     log(f"{'method':26s} {'wall s':>7s} {'items/s':>8s} {'loss first->last 5':>19s} "
         f"{'test acc':>8s} {'KiB sent/step':>13s}")
     for name, runs in methods.items():
         wall = max(r["rec"][-1][0] for r in runs)
-        losses = [sum(l for _, l in r["rec"][i:i + 5]) / 5 for r in runs for i in (0, len(r["rec"]) - 5)]
+        losses = [sum(loss for _, loss in r["rec"][i:i + 5]) / len(r["rec"][i:i + 5])
+                  for r in runs for i in (0, max(0, len(r["rec"]) - 5))]
         net = Net()
         torch.nn.utils.vector_to_parameters(runs[0]["weights"], net.parameters())
         acc = evaluate(net, test)["accuracy"]

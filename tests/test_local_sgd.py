@@ -8,10 +8,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
+from dist_sgd.data import synthetic
+from dist_sgd.launch import launch
 from dist_sgd.local_sgd import LocalSGD
 from dist_sgd.models import MLP
 from dist_sgd.ps import flat_weights
-from dist_sgd.data import synthetic
 
 STEPS, PER_RANK, LR, MOMENTUM, WD = 9, 4, 0.1, 0.9, 1e-3
 
@@ -97,7 +98,8 @@ def scenarios(rank, world_size):
         "torch H=2 warmup 3": train(rank, world_size, torchs(2, 3)),
         "diloco plain": train(rank, world_size, ours(period=3, outer_lr=1.0)),
         "torch H=3": train(rank, world_size, torchs(3)),
-        "diloco": train(rank, world_size, ours(period=3, outer_lr=0.7, outer_momentum=0.9, nesterov=True)),
+        "diloco": train(rank, world_size, ours(period=3, outer_lr=0.7, outer_momentum=0.9,
+                                              nesterov=True)),
         "diloco by hand": train(rank, world_size, diloco_by_hand(rank, world_size, 3, 0.7, 0.9)),
     }
     dist.barrier()
@@ -106,12 +108,6 @@ def scenarios(rank, world_size):
 
 @pytest.fixture(scope="module")
 def three():
-    return launch_three()
-
-
-def launch_three():
-    from dist_sgd.launch import launch
-
     return launch(scenarios, 3, backend="gloo", timeout=60)
 
 
@@ -132,7 +128,8 @@ def test_local_sgd_matches_reference_step_for_step(three, ours_key, ref_key):
 def test_copies_drift_between_averages_and_meet_at_them(three):
     # H = 4 averages after steps 0, 4, 8 (torch's schedule): equal there, apart in between.
     for step in range(STEPS):
-        spread = max((three[r]["H=4"][step] - three[0]["H=4"][step]).abs().max().item() for r in (1, 2))
+        spread = max((three[r]["H=4"][step] - three[0]["H=4"][step]).abs().max().item()
+                     for r in (1, 2))
         if step % 4 == 0:
             assert spread < 1e-12, (step, spread)
         else:

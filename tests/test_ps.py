@@ -60,7 +60,8 @@ def ps_run(rank, servers, workers, mode, **kw):
     """This rank's part in one PS run: a server's stats, or a worker's weights after each step."""
     model = fresh()
     if rank in servers:
-        return ps.ParameterServer(model, servers, workers, LR, MOMENTUM, WD, mode=mode, **kw).serve()
+        return ps.ParameterServer(model, servers, workers, LR, MOMENTUM, WD, mode=mode,
+                                  **kw).serve()
     if rank not in workers:
         return None
     x, y = batches(len(workers))
@@ -147,13 +148,15 @@ def replay_ordered(staleness_aware):
     opt = torch.optim.SGD([flat], lr=LR, momentum=MOMENTUM, weight_decay=WD)
 
     def grad_at(w, step, worker):
-        torch.nn.utils.vector_to_parameters(w.detach().clone(), [p for p in model.parameters() if p.requires_grad])
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        torch.nn.utils.vector_to_parameters(w.detach().clone(), trainable)
         model.zero_grad()
         me = slice(worker * PER_WORKER, (worker + 1) * PER_WORKER)
         F.nll_loss(model(x[step][me]), y[step][me]).backward()
         return ps.flat_gradients(model)
 
-    order = [(0, k, 0) for k in range(STEPS)] + [(1, 0, STEPS)] + [(1, k, 0) for k in range(1, STEPS)]
+    order = ([(0, k, 0) for k in range(STEPS)] + [(1, 0, STEPS)]
+             + [(1, k, 0) for k in range(1, STEPS)])  # (worker, its step, staleness)
     for worker, step, stale in order:
         g = grad_at(start if stale else flat, step, worker)
         opt.param_groups[0]["lr"] = LR / max(1, stale) if staleness_aware else LR
@@ -166,8 +169,10 @@ def scenarios(rank, world_size):
     groups = {"one server": dist.new_group([1, 2, 3]), "two servers": dist.new_group([2, 3]),
               "tokens": dist.new_group([1, 2])}
     out = {}
-    out["sync 1x3"] = (ps_run(rank, [0], [1, 2, 3], "sync"), allreduce_run(rank, [1, 2, 3], groups["one server"]))
-    out["sync 2x2"] = (ps_run(rank, [0, 1], [2, 3], "sync"), allreduce_run(rank, [2, 3], groups["two servers"]))
+    out["sync 1x3"] = (ps_run(rank, [0], [1, 2, 3], "sync"),
+                       allreduce_run(rank, [1, 2, 3], groups["one server"]))
+    out["sync 2x2"] = (ps_run(rank, [0, 1], [2, 3], "sync"),
+                       allreduce_run(rank, [2, 3], groups["two servers"]))
     out["async 1x1"] = (ps_run(rank, [0], [1], "async"), plain_sgd() if rank == 1 else None)
     out["async 1x3"] = (ps_run(rank, [0], [1, 2, 3], "async"), None)
     out["async aware"] = (ps_run(rank, [0], [1, 2, 3], "async", staleness_aware=True), None)
@@ -188,7 +193,8 @@ def test_sync_ps_equals_allreduce_sgd(four, case, workers):
         got, want = four[w][case]
         assert len(got["history"]) == STEPS
         for step in range(STEPS):
-            torch.testing.assert_close(got["history"][step], want[step], msg=f"{case} rank {w} step {step}")
+            torch.testing.assert_close(got["history"][step], want[step],
+                                       msg=f"{case} rank {w} step {step}")
 
 
 def test_sync_ps_servers_hold_their_shard(four):
