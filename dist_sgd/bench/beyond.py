@@ -269,10 +269,21 @@ def report():
     rows, _ = common.read_csv(NAME + "_straggler")
     med = {m: statistics.median(r["items_per_s"] for r in rows if r["mode"] == m)
            for m in ("sync", "async")}
+    pairs = [a["items_per_s"] / s["items_per_s"] for a in rows for s in rows
+             if a["mode"] == "async" and s["mode"] == "sync" and a["run"] == s["run"]]
     print(f"  one worker {SLOW}x slower: async PS {med['async']:.0f} items/s vs sync PS "
           f"{med['sync']:.0f} items/s (medians of {len(rows) // 2} alternated runs each): "
-          f"{med['async'] / med['sync']:.2f}x (target >= 1.5x)")
+          f"{med['async'] / med['sync']:.2f}x (target >= 1.5x); run by run "
+          + ", ".join(f"{x:.2f}x" for x in pairs))
     return summary
+
+
+def _ps_model(nbytes, workers, fit):
+    """costmodel's parameter_server cost, 2p (alpha + n beta). Written out: its
+    predict_all_reduce returns 0 for p = 1, but with one worker there is still a server."""
+    if workers >= 2:
+        return predict_all_reduce("parameter_server", nbytes, workers, fit[0], fit[1])
+    return 2 * (fit[0] + nbytes * fit[1])
 
 
 def _cost_model():
@@ -332,8 +343,8 @@ def draw():
         ax.plot(p, [r["seconds"] * 1e3 for r in rows], "o-", color=color,
                 label=f"measured, {plots.human_bytes(nbytes)}")
         if fit:
-            ax.plot(p, [predict_all_reduce("parameter_server", nbytes, q, fit[0], fit[1]) * 1e3
-                        for q in p], "--", color=color, label=f"cost model 2p(alpha + n beta)")
+            ax.plot(p, [_ps_model(nbytes, q, fit) * 1e3 for q in p], "--", color=color,
+                    label=f"cost model 2p(alpha + n beta), {plots.human_bytes(nbytes)}")
     ax.set_xlabel("workers p (one server)")
     ax.set_ylabel("one sync round: pull + push (ms)")
     ax.set_yscale("log")
@@ -344,4 +355,11 @@ def draw():
             else "no p2p.csv: model line not drawn")
     paths.append(plots.finish(fig, NAME + "_ps_cost", "Parameter server round time vs workers",
                               facts, note=note))
+    if fit:
+        print("\nparameter server, one sync round (pull + push), measured vs cost model:")
+        for r in cost:
+            model = _ps_model(r["bytes"], r["workers"], fit)
+            print(f"  {plots.human_bytes(r['bytes']):>9s}, {r['workers']} worker(s): "
+                  f"{r['seconds'] * 1e3:8.2f} ms measured, {model * 1e3:7.2f} ms model "
+                  f"({r['seconds'] / model:.1f}x)")
     return paths
