@@ -35,7 +35,10 @@ per step: all-reduce sends 2(p-1)/p of the model per worker (the ring's count, w
 ring moves); a PS sends the model twice per worker (gradient up, weights down), all through
 rank 0's link; local SGD sends all-reduce's bytes / H; Hogwild sends none (shared memory)
 but works only on one machine. An async PS may apply a gradient or two past max_updates:
-those were already on their way when it said "enough".
+those were already on their way when it said "enough". With momentum 0.9 the asynchronous
+methods are fragile: stale gradients act like extra momentum (Mitliagkas et al. 2016,
+"Asynchrony begets momentum"), and in the bench's 400-step run the async PS diverged and
+Hogwild lagged behind; exercise 1 is one cure, a lower momentum another.
 Figures (loss against steps and wall time, bytes, staleness): `python -m dist_sgd.bench beyond`.
 
 Run:
