@@ -80,15 +80,15 @@ def fresh(seed_for_dropout):
     return model
 
 
-def train(rank, world_size, steps):
+def train(rank, world_size, steps, data):
     servers, workers = ps.roles(world_size)  # [0] and [1, .., W]
     group = dist.new_group(workers)  # every rank must create it; only workers use it
-    data, W = get_dataset("auto", quiet=True), len(workers)
+    W = len(workers)
     me, b = (workers.index(rank) if rank in workers else 0), per_rank_batch(GLOBAL_BATCH, W)
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(0))
 
     def gradient(model, k, slow):  # my part of global batch k: forward, backward
-        start, first = time.perf_counter(), (k * GLOBAL_BATCH) % (len(order) - GLOBAL_BATCH)
+        start, first = time.perf_counter(), (k * GLOBAL_BATCH) % (len(order) - GLOBAL_BATCH + 1)
         x, y = data[order[first + me * b:first + (me + 1) * b]]
         model.zero_grad()
         loss = F.nll_loss(model(x), y)
@@ -152,7 +152,9 @@ def train(rank, world_size, steps):
 def main():
     args = lesson_parser(__doc__, world_size=3).parse_args()
     steps = 20 if args.quick else 150
-    results = launch(train, args.world_size, steps, backend=args.backend)
+    # The first steps * GLOBAL_BATCH training images: what every method sees, loaded once here.
+    data = TensorDataset(*(t[:steps * GLOBAL_BATCH] for t in get_dataset("auto").tensors))
+    results = launch(train, args.world_size, steps, data, backend=args.backend)
     if results is None:
         return
     servers, workers = ps.roles(len(results))
@@ -165,7 +167,7 @@ def main():
 
     # Hogwild: W processes, one shared model, no process group at all.
     model = fresh(0)
-    hog = hogwild(model, get_dataset("auto", quiet=True), processes=len(workers), steps=steps,
+    hog = hogwild(model, data, processes=len(workers), steps=steps,
                   batch_size=GLOBAL_BATCH // len(workers), lr=LR, momentum=MOMENTUM)
     methods["Hogwild"] = [{"rec": list(zip(t, l)), "bytes": 0, "weights": ps.flat_weights(model)}
                           for t, l in zip(hog["times"], hog["losses"])]
