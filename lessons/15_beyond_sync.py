@@ -25,8 +25,8 @@ all-reduce SGD (weights after CHECK_STEPS steps, float32 rounding).
 
 Every method sees the same number of training items. The synchronous ones take one step per
 global batch of 60; async PS and Hogwild take one step per worker batch of 30 (twice as many,
-smaller steps), which is why their loss can fall faster per item: compare them with that in
-mind, not as a verdict on asynchrony.
+smaller steps), so they use lr / W: the same learning rate per item (the linear scaling rule
+of lesson 06). With the full lr they would move twice as far per item.
 
 What to expect on a 2-core laptop: 3 processes share 2 cores, so no method is fast; compare
 them with each other. The straggler sets the pace of sync PS; async PS keeps the fast worker
@@ -37,8 +37,8 @@ rank 0's link; local SGD sends all-reduce's bytes / H; Hogwild sends none (share
 but works only on one machine. An async PS may apply a gradient or two past max_updates:
 those were already on their way when it said "enough". With momentum 0.9 the asynchronous
 methods are fragile: stale gradients act like extra momentum (Mitliagkas et al. 2016,
-"Asynchrony begets momentum"), and in the bench's 400-step run the async PS diverged and
-Hogwild lagged behind; exercise 1 is one cure, a lower momentum another.
+"Asynchrony begets momentum"); with the full lr instead of lr / W the async PS diverged in
+our runs. Exercise 1 is another cure.
 Figures (loss against steps and wall time, bytes, staleness): `python -m dist_sgd.bench beyond`.
 
 Run:
@@ -122,8 +122,9 @@ def train(rank, world_size, steps, data):
         model = fresh(rank)
         updates = steps if mode == "sync" else steps * W  # the same number of items either way
         if rank in servers:
-            return ps.ParameterServer(model, servers, workers, LR, MOMENTUM, mode=mode,
-                                      max_updates=updates).serve()
+            # async: a step of GLOBAL_BATCH / W items gets lr / W (the same lr per item)
+            return ps.ParameterServer(model, servers, workers, LR if mode == "sync" else LR / W,
+                                      MOMENTUM, mode=mode, max_updates=updates).serve()
         worker, rec, snapshot, k = ps.Worker(model, servers), [], None, 0
         start = time.perf_counter()
         while worker.pull():  # the newest weights; False once the server has had enough
@@ -168,7 +169,7 @@ def main():
     # Hogwild: W processes, one shared model, no process group at all.
     model = fresh(0)
     hog = hogwild(model, data, processes=len(workers), steps=steps,
-                  batch_size=GLOBAL_BATCH // len(workers), lr=LR, momentum=MOMENTUM)
+                  batch_size=GLOBAL_BATCH // len(workers), lr=LR / len(workers), momentum=MOMENTUM)
     methods["Hogwild"] = [{"rec": list(zip(t, l)), "bytes": 0, "weights": ps.flat_weights(model)}
                           for t, l in zip(hog["times"], hog["losses"])]
 
