@@ -38,6 +38,7 @@ MEASUREMENTS = {
     "compress": "lesson 12: compression hooks (bytes, step time ours vs torch's, error feedback)",
     "atscale": "figure 6: the cost model at 1..1024 workers vs published results",
     "zero": "lesson 13: ZeRO-1 optimizer state per rank, bytes and time per step vs torch's",
+    "beyond": "lesson 15: parameter server, async SGD, Hogwild, local SGD vs all-reduce SGD",
 }
 
 
