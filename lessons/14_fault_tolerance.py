@@ -116,9 +116,9 @@ def peer_train(group, steps, data_name):
     rank, world_size = group.rank, group.world_size
     data = get_dataset(data_name, quiet=True).tensors
     sampler = ShardSampler(data[0], world_size, rank, seed=SEED)
-    model, opt = build()
-    state = {"step": 0, "model": model.module.state_dict(), "optimizer": opt.state_dict()}
-    state = group.sync(state if group.generation == 0 else None)  # a replacement gets a peer's
+    # The first ranks start fresh (building DDP is a collective: all of them at once); a
+    # replacement builds nothing before it has a peer's state, or it would meet them out of step.
+    state = group.sync(snapshot(*build(), 0) if group.generation == 0 else None)
     model, opt, step = *build(state), state["step"]
     while step < steps:
         try:
@@ -128,10 +128,13 @@ def peer_train(group, steps, data_name):
         except group.FAILURES as error:
             # Our weights are those before this step (the update follows the last all-reduce):
             # offer them, take the newest any peer has, rebuild DDP on the re-formed group.
-            mine = {"step": step, "model": model.module.state_dict(), "optimizer": opt.state_dict()}
-            state = group.recover(mine, error)
+            state = group.recover(snapshot(model, opt, step), error)
             model, opt, step = *build(state), state["step"]
     return list(model.parameters())
+
+
+def snapshot(model, opt, step):
+    return {"step": step, "model": model.module.state_dict(), "optimizer": opt.state_dict()}
 
 
 def killed_torchrun_run(world_size, steps, every, ckpt_dir, data_name):
