@@ -39,7 +39,7 @@ those were already on their way when it said "enough". With momentum 0.9 the asy
 methods are fragile: stale gradients act like extra momentum (Mitliagkas et al. 2016,
 "Asynchrony begets momentum"); with the full lr instead of lr / W the async PS diverged in
 our runs. Exercise 1 is another cure.
-Figures (loss against steps and wall time, bytes, staleness): `python -m dist_sgd.bench beyond`.
+Figures (loss against steps and wall time, bytes, staleness): the figures' benchmark (README).
 
 Run:
     python lessons/15_beyond_sync.py                   # 1 server + 2 workers, 150 steps each

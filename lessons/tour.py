@@ -1,10 +1,12 @@
-"""The lesson tour: every lesson in order, then the benchmarks that redraw figures/.
+"""The lesson tour: every lesson in order, each as its own program.
 
-    python lessons/tour.py            # every lesson, then `python -m dist_sgd.bench` (figures/)
-    python lessons/tour.py --quick    # every lesson at tiny size; figures/ is left alone
+    python lessons/tour.py            # every lesson at its default size
+    python lessons/tour.py --quick    # every lesson at tiny size
 
 Each lesson is its own program (run one alone with `python lessons/NN_name.py`); the tour
-only runs them one after another, stops at the first that fails, and says which.
+only runs them one after another, stops at the first that fails, and says which. Lessons
+write nothing into the repository; the figures in figures/ are measured by the benchmark
+command the README gives next to this one.
 """
 import argparse
 import glob
@@ -33,16 +35,13 @@ def run(title, cmd):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, figures untouched")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes")
     args = parser.parse_args()
     extra = ["--quick"] if args.quick else []
     times = []
     for path in lessons():
         name = os.path.relpath(path, ROOT)
         times.append((name, run(f"lesson {name}", [sys.executable, name] + extra)))
-    if not args.quick:
-        times.append(("figures", run("benchmarks: every figure in figures/",
-                                     [sys.executable, "-m", "dist_sgd.bench"])))
     print("\ntour finished:")
     for name, seconds in times:
         print(f"  {name:42s} {seconds:7.1f} s")
