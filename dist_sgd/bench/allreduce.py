@@ -25,6 +25,9 @@ from dist_sgd.timing import summarize, time_alternating
 NAME = "allreduce"
 GOALS = {2: 1.0, 4: 1.25}  # our target: a ring / gloo, for messages >= 1 MiB
 RINGS = ("ring", "ring_pipelined")
+CAPTION = ("dots/line: median; band: min-max over repeats (slowest rank per sample); dotted: "
+           "alpha-beta-gamma cost model, alpha and beta fitted per algorithm and world size, "
+           "gamma from a timed local add")
 
 
 def settings(quick):
@@ -213,9 +216,5 @@ def draw():
         ax.set_title(f"world size {p}{over}", fontsize=11)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7.5, loc="lower right")
-    path = plots.finish(
-        fig, NAME, "All-reduce: our send/recv algorithms vs gloo, processes on one host", facts,
-        note="dots/line: median; band: min-max over repeats (slowest rank per sample); "
-             "dotted: alpha-beta-gamma cost model, alpha and beta fitted per algorithm and world size, "
-             "gamma from a timed local add")
-    return [path]
+    title = "All-reduce: our send/recv algorithms vs gloo, processes on one host"
+    return [plots.finish(fig, NAME, title, facts, note=CAPTION)]

@@ -31,6 +31,9 @@ NAME = "atscale"
 WORKERS = [2 ** k for k in range(11)]  # 1 .. 1024
 ALGORITHMS = ("ring", "tree", "parameter_server")
 NETWORKS = {"10 Gbit/s Ethernet": (10, 25), "100 Gbit/s RDMA": (100, 5)}  # Gbit/s, latency us
+CAPTION = ("step = compute + all-reduce (no overlap), or max of the two (perfect overlap); "
+           "compute measured on the machine below; networks: 10 GbE alpha 25 us, 100 Gbit/s "
+           "RDMA alpha 5 us; published points: Goyal et al. 2017, Sergeev & Del Balso 2018")
 PUBLISHED = [
     # setting, params, compute s/step (assumed), Gbit/s, latency us, GPUs, efficiency, source
     ("Goyal et al. 2017: ResNet-50, 50 Gbit/s", 25.6e6, 0.30, 50, 25, 256, 0.90,
@@ -169,9 +172,5 @@ def draw():
         ax.set_ylabel("efficiency = compute / step")
         ax.set_ylim(0, 1.05)
     ax_eff.legend(fontsize=7, loc="lower left")
-    path = plots.finish(
-        fig, NAME, "At scale, on paper: the alpha-beta cost model from 1 to 1024 workers", facts,
-        note="step = compute + all-reduce (no overlap), or max of the two (perfect overlap); "
-             "compute measured on the machine below; networks: 10 GbE alpha 25 us, 100 Gbit/s "
-             "RDMA alpha 5 us; published points: Goyal et al. 2017, Sergeev & Del Balso 2018")
-    return [path]
+    title = "At scale, on paper: the alpha-beta cost model from 1 to 1024 workers"
+    return [plots.finish(fig, NAME, title, facts, note=CAPTION)]

@@ -190,12 +190,17 @@ def measure(quick=False):
     measure_target(s)
 
 
-def measure_training(s):
+def _setup(s):
+    """The world (a server and the workers), the test set, and who is who."""
     world = WORKERS + 1
     test = get_dataset("auto", train=False, quiet=True)
     if s["test_items"]:
         test = TensorDataset(*(t[:s["test_items"]] for t in test.tensors))
-    servers, workers = ps.roles(world)
+    return (world, test, *ps.roles(world))
+
+
+def measure_training(s):
+    world, test, servers, workers = _setup(s)
     results = launch(_training, world, s["steps"], backend="gloo", timeout=7200)
     methods = {name: [results[w][name] for w in workers] for name in results[workers[0]]}
     for name in methods:
@@ -243,11 +248,7 @@ def measure_straggler_and_cost(s):
 
 def measure_target(s):
     """Last, and longest: the 2-epoch pair of issue 14's target."""
-    world = WORKERS + 1
-    test = get_dataset("auto", train=False, quiet=True)
-    if s["test_items"]:
-        test = TensorDataset(*(t[:s["test_items"]] for t in test.tensors))
-    servers, workers = ps.roles(world)
+    world, test, servers, workers = _setup(s)
     pair = ["all-reduce SGD", "local SGD H=8"]
     target = launch(_training, world, s["target_steps"], pair, backend="gloo", timeout=7200)
     rows = []

@@ -128,9 +128,8 @@ def draw():
         ax.errorbar([], [], yerr=[], fmt="none", ecolor="black", capsize=3,
                     label="step time min-max")
         ax.legend(fontsize=8)
-    path = plots.finish(
+    return [plots.finish(
         fig, NAME, "Where a data-parallel step's time goes", facts,
         note="compute: the same step with no communication (mean over ranks); waiting: slowest "
              "rank's compute - mean; communication: measured step - compute - waiting "
-             "(what is not hidden behind backward); medians")
-    return [path]
+             "(what is not hidden behind backward); medians")]

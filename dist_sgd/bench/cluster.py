@@ -327,10 +327,9 @@ def draw():
     for ax in (ax_pp, ax_ar):
         ax.tick_params(axis="x", labelrotation=45, labelsize=8)
     title = f"Two nodes on a {cluster.parse_rate(RATE) / 1e9:g} Gbit/s link (network namespaces, tbf)"
-    path = plots.finish(fig, NAME, title, facts,
-                        note="medians of alternated samples; whiskers min-max; DDPs with 1 MiB "
-                             "buckets; prediction = alpha-beta fit of the ping-pong")
-    return [path]
+    return [plots.finish(fig, NAME, title, facts,
+                                note="medians of alternated samples; whiskers min-max; DDPs with 1 MiB "
+                                     "buckets; prediction = alpha-beta fit of the ping-pong")]
 
 
 if __name__ == "__main__":

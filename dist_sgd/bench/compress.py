@@ -219,7 +219,6 @@ def draw():
     ax_r.set_ylabel("ratio")
     ax_r.set_title("error feedback: Net, PowerSGD rank 1")
     ax_r.legend(fontsize=8)
-    path = plots.finish(fig, NAME, "Gradient compression as DDP communication hooks", facts,
-                        note=f"batch {rows[0]['batch_per_rank']} per rank, {rows[0]['n']} alternated "
-                             "samples per bar; e = what compression left on the rank (error feedback)")
-    return [path]
+    return [plots.finish(fig, NAME, "Gradient compression as DDP communication hooks", facts,
+                                note=f"batch {rows[0]['batch_per_rank']} per rank, {rows[0]['n']} alternated "
+                                     "samples per bar; e = what compression left on the rank (error feedback)")]

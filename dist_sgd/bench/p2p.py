@@ -101,7 +101,6 @@ def draw():
             ax.axvline(half, color="gray", lw=0.8)
         ax_bw.text(half, ax_bw.get_ylim()[0], f"n1/2 = alpha/beta = {human_bytes(half)} ",
                    fontsize=8, va="bottom", ha="right", color="gray")
-    path = plots.finish(fig, NAME, "Point-to-point send/recv between 2 processes (gloo, one host)",
-                        facts, note=f"{rows[0]['repeats']} round trips per size; one-way time = "
-                                    "round trip / 2; line = least-squares fit on relative error")
-    return [path]
+    return [plots.finish(fig, NAME, "Point-to-point send/recv between 2 processes (gloo, one host)",
+                                facts, note=f"{rows[0]['repeats']} round trips per size; one-way time = "
+                                            "round trip / 2; line = least-squares fit on relative error")]

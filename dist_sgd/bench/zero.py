@@ -206,8 +206,7 @@ def draw():
     ax_time.legend(fontsize=7)
     for ax in axes[0]:
         ax.set_xticks(ps)
-    path = plots.finish(fig, NAME, "ZeRO-1: Adam's state sharded over p ranks (gloo, one host)",
-                        facts, note=f"bytes counted exactly; times alternated, medians of "
-                                    f"{timed[ps[0]][0]['repeats']} (slowest rank), on a shared, "
-                                    "loaded machine")
-    return [path]
+    return [plots.finish(fig, NAME, "ZeRO-1: Adam's state sharded over p ranks (gloo, one host)",
+                                facts, note=f"bytes counted exactly; times alternated, medians of "
+                                            f"{timed[ps[0]][0]['repeats']} (slowest rank), on a shared, "
+                                            "loaded machine")]
