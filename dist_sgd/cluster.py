@@ -297,12 +297,12 @@ class Cluster:
             raise ClusterError(_failure_message(codes, order), failed)
         return codes
 
-    def run_ranks(self, args, timeout=None):
+    def run_ranks(self, args, timeout=None, output=None):
         """Run `python ARGS` once in every node as one rank of a job: what torchrun
         --nproc-per-node 1 sets (RANK = the node's rank, WORLD_SIZE = nodes, one thread).
         Inside, launch(fn, None, ...) joins the group; node 0's output comes back prefixed."""
         return self.run(["env", "RANK=$NODE_RANK", "WORLD_SIZE=$NNODES", "OMP_NUM_THREADS=1",
-                         sys.executable, *args], timeout=timeout)
+                         sys.executable, *args], timeout=timeout, output=output)
 
     def _wait(self, procs, timeout, grace):
         start, deadline, order = time.monotonic(), None, []
