@@ -100,6 +100,16 @@ def ours():
     return [n for n in names if re.fullmatch(PREFIX + r"\d+(n\d+|sw|probe)", n)]
 
 
+def run_in_nodes(args, nodes=2, rate="1gbit", timeout=None):
+    """`python ARGS` once in every node of a fresh cluster, one rank each (Cluster.run_ranks).
+    Returns None, or without the privilege the sentence saying why nothing ran."""
+    problem = privilege_problem()
+    if problem is None:
+        with Cluster(nodes, rate=rate) as c:
+            c.run_ranks(args, timeout=timeout)
+    return problem
+
+
 def cleanup_stale():
     """Remove what runs killed with SIGKILL left behind (their pid is gone). Returns the names."""
     removed = []
@@ -286,6 +296,13 @@ class Cluster:
         if failed and check:
             raise ClusterError(_failure_message(codes, order), failed)
         return codes
+
+    def run_ranks(self, args, timeout=None, output=None):
+        """Run `python ARGS` once in every node as one rank of a job: what torchrun
+        --nproc-per-node 1 sets (RANK = the node's rank, WORLD_SIZE = nodes, one thread).
+        Inside, launch(fn, None, ...) joins the group; node 0's output comes back prefixed."""
+        return self.run(["env", "RANK=$NODE_RANK", "WORLD_SIZE=$NNODES", "OMP_NUM_THREADS=1",
+                         sys.executable, *args], timeout=timeout, output=output)
 
     def _wait(self, procs, timeout, grace):
         start, deadline, order = time.monotonic(), None, []

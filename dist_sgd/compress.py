@@ -271,6 +271,18 @@ class FlatBucket:
         return []
 
 
+def counted(hook, counter, bytes_per_value=4):
+    """`hook`, counting into `counter` ({"bytes": 0, "steps": 0}) the steps and, for a hook
+    without state (allreduce, fp16), the bytes it hands to all-reduce. PowerSGD counts its own
+    (state.compression_stats()); values_sent says the same on paper."""
+    def hook_counting(state, bucket):
+        if state is None:
+            counter["bytes"] += bucket.buffer().numel() * bytes_per_value
+        counter["steps"] += bucket.is_last()
+        return hook(state, bucket)
+    return hook_counting
+
+
 def values_sent(shapes, scheme, rank=1, min_compression_rate=2):
     """What each rank hands to all-reduce per step for gradients of these shapes.
 

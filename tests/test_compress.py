@@ -272,3 +272,29 @@ def test_bad_settings_are_refused():
     compress.PowerSGDState(None, start_powerSGD_iter=0, use_error_feedback=False, warm_start=False)
     with pytest.raises(ValueError, match="scheme"):
         compress.values_sent([(3, 3)], "int8")
+
+
+def test_lesson_12_on_the_2_node_link():
+    """Lesson 12's part 7 in a 2-node cluster at 1 Gbit/s (tiny: --quick): both rows and the ratio
+    printed by node 0, nothing left behind. Skips where namespaces cannot be made."""
+    import io
+    import os
+    import re
+
+    from dist_sgd import cluster
+
+    if problem := cluster.privilege_problem():
+        pytest.skip(f"no cluster here: {problem}")
+    lesson = os.path.join(os.path.dirname(__file__), "..", "lessons", "12_compression.py")
+    out = io.StringIO()
+    with cluster.Cluster(2, rate="1gbit") as c:
+        names = [c.switch] + c.netns
+        c.run_ranks([lesson, "--in-node", "--quick"], timeout=120, output=out)
+    text = out.getvalue()
+    times = dict(re.findall(r"\[node 0\]\s+(torch DDP, no compression|our DDP \+ our PowerSGD rank 2)\s+([\d.]+) ms",
+                            text))
+    assert len(times) == 2 and all(float(t) > 0 for t in times.values()), text
+    ratio = re.search(r"PowerSGD rank 2 / no compression: ([\d.]+)x", text)
+    assert ratio and abs(float(ratio.group(1)) - float(times["our DDP + our PowerSGD rank 2"])
+                         / float(times["torch DDP, no compression"])) < 0.02, text
+    assert not set(names) & set(cluster.ours())
