@@ -40,7 +40,7 @@ Run:
     python lessons/12_compression.py                  # 2 ranks, 2 epochs x 8 runs (~1 h on 2 busy cores); part 7 needs root
     python lessons/12_compression.py --quick          # tiny sizes (~20 s)
     torchrun --standalone --nproc-per-node 2 lessons/12_compression.py --quick
-    python -m dist_sgd.bench compress                 # figures/compress.png and its CSV
+    # figures/compress.png and its CSV: the figures' benchmark (README), `compress` measurement
 
 Exercises:
   1. Set START = 0 with use_error_feedback=False and warm_start=False. What does accuracy do?
