@@ -39,6 +39,7 @@ class SegmentedLink:
     """
 
     def __init__(self, link):
+        self.link = link  # its trace and VERBOSE line
         self.rank, self.size = link.rank, link.size
         self.algorithm, self.trace = link.algorithm, link.trace
         self.verbose, self.nccl = link.verbose, link.nccl
@@ -54,16 +55,7 @@ class SegmentedLink:
         return self
 
     def note(self, verb, peer, chunk, t, where=None):
-        nbytes = t.numel() * t.element_size()
-        phase, step = where or (self.phase, self.step)
-        if verb == "send" and self.trace is not None:
-            self.trace.append({"algorithm": self.algorithm, "phase": phase, "step": step,
-                               "src": self.rank, "dst": peer, "chunk": chunk,
-                               "numel": t.numel(), "nbytes": nbytes})
-        if self.verbose:
-            arrow = "->" if verb == "send" else "<-"
-            print(f"[rank {self.rank}] {verb} {arrow} peer {peer} chunk {chunk} ({nbytes} bytes)"
-                  f"  [{self.algorithm} {phase} step {step}]", flush=True)
+        self.link.note(verb, peer, chunk, t, where or (self.phase, self.step))
 
     def cut(self, t):
         """t as the messages it travels in: segments of SEGMENT_BYTES (none if t is empty).

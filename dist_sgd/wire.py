@@ -48,16 +48,19 @@ class Link:
         self.phase, self.step = phase, step
         return self
 
-    def note(self, verb, peer, chunk, t):
+    def note(self, verb, peer, chunk, t, where=None):
+        """Record a message in the trace (sends only) and print it under DIST_SGD_VERBOSE;
+        where=(phase, step) names a step other than the current one."""
         nbytes = t.numel() * t.element_size()
+        phase, step = where or (self.phase, self.step)
         if verb == "send" and self.trace is not None:
-            self.trace.append({"algorithm": self.algorithm, "phase": self.phase, "step": self.step,
+            self.trace.append({"algorithm": self.algorithm, "phase": phase, "step": step,
                                "src": self.rank, "dst": peer, "chunk": chunk,
                                "numel": t.numel(), "nbytes": nbytes})
         if self.verbose:
             arrow = "->" if verb == "send" else "<-"
             print(f"[rank {self.rank}] {verb} {arrow} peer {peer} chunk {chunk} ({nbytes} bytes)"
-                  f"  [{self.algorithm} {self.phase} step {self.step}]", flush=True)
+                  f"  [{self.algorithm} {phase} step {step}]", flush=True)
 
     def start(self, recvs=(), sends=()):
         """Post every receive, then every send; return the requests to wait() on.
