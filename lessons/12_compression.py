@@ -37,7 +37,7 @@ This lesson, on 2 ranks by default (torch's DDP with our hooks):
      PowerSGD adds its own arithmetic, so the step gets faster by much less than the bytes shrink.
 
 Run:
-    python lessons/12_compression.py                  # 2 ranks, 2 epochs x 8 runs (~1 h on 2 busy cores); part 7 needs root
+    python lessons/12_compression.py                  # 2 ranks, 2 epochs x 8 runs (~2.5 min on 2 cores); part 7 needs root
     python lessons/12_compression.py --quick          # tiny sizes (~20 s)
     torchrun --standalone --nproc-per-node 2 lessons/12_compression.py --quick
     # figures/compress.png and its CSV: the figures' benchmark (README), `compress` measurement
