@@ -399,7 +399,11 @@ def summarize(results):
 
 if __name__ == "__main__":  # run by torchrun_output: every process is one rank
     here = os.environ["RANK"]
-    print(f"rank {here} launch 1: {summarize(launch(report, None, 'torchrun'))}", flush=True)
+    # One write per line: print() writes the text and the newline separately, and the two
+    # ranks share the output, so their lines could run together.
+    sys.stdout.write(f"rank {here} launch 1: {summarize(launch(report, None, 'torchrun'))}\n")
+    sys.stdout.flush()
     # The second launch needs keys of its own in torchrun's store, and rank 0's epilogue is
     # longer than the timeout: rank 1 must wait for it without failing.
-    print(f"rank {here} launch 2: {launch(rank_0_epilogue, None, 3.5, timeout=2)}", flush=True)
+    sys.stdout.write(f"rank {here} launch 2: {launch(rank_0_epilogue, None, 3.5, timeout=2)}\n")
+    sys.stdout.flush()
