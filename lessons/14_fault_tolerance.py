@@ -51,7 +51,7 @@ from dist_sgd.check import check, max_diff
 from dist_sgd.checkpoint import load_checkpoint, save_checkpoint, weights_sha256
 from dist_sgd.data import get_dataset
 from dist_sgd.ddp import DistributedDataParallel
-from dist_sgd.launch import launch, lesson_parser, log
+from dist_sgd.launch import launch, lesson_parser, log, under_torchrun
 from dist_sgd.models import Net
 from dist_sgd.optim import SGD
 from dist_sgd.partition import ShardSampler
@@ -113,16 +113,15 @@ def train(rank, world_size, steps, every, ckpt_dir, data_name):
 
 def peer_train(group, steps, data_name):
     """The same training, surviving a dead peer: on a failed collective, re-form and sync."""
-    rank, world_size = group.rank, group.world_size
     data = get_dataset(data_name, quiet=True).tensors
-    sampler = ShardSampler(data[0], world_size, rank, seed=SEED)
+    sampler = ShardSampler(data[0], group.world_size, group.rank, seed=SEED)
     # The first ranks start fresh (building DDP is a collective: all of them at once); a
     # replacement builds nothing before it has a peer's state, or it would meet them out of step.
     state = group.sync(snapshot(*build(), 0) if group.generation == 0 else None)
     model, opt, step = *build(state), state["step"]
     while step < steps:
         try:
-            one_step(model, opt, data, sampler, step, rank, world_size)
+            one_step(model, opt, data, sampler, step, group.rank, group.world_size)
             step += 1
             group.progress(step)
         except group.FAILURES as error:
@@ -161,6 +160,8 @@ def main():
     data_name = get_dataset("auto", quiet=bool(args.checkpoint_dir)).name
     if args.checkpoint_dir:  # the training run itself: what torchrun starts and restarts
         return launch(train, args.world_size, steps, every, args.checkpoint_dir, data_name)
+    if under_torchrun():  # the story starts torchrun itself: run it as plain python
+        parser.error("under torchrun, pass --checkpoint-dir DIR (one resumable training run)")
     with tempfile.TemporaryDirectory() as tmp:
         log(f"1. {steps} steps on {args.world_size} ranks, never interrupted, a checkpoint every {every} steps")
         ref = launch(train, args.world_size, steps, every, os.path.join(tmp, "a"), data_name)[0]
