@@ -1,27 +1,18 @@
-"""The training and test loops lessons 06-09 share, in the classic MNIST example's log format.
+"""What lessons and tests reuse around a training loop (the loop itself is on lesson 06's page).
 
     b = per_rank_batch(64, world_size)              # 64 // world_size, or a clear error
     loader = shard_loader(train_set, 64)            # ShardSampler + the per-rank batch
-    for epoch in range(1, epochs + 1):
-        loader.sampler.set_epoch(epoch)
-        stats = train_epoch(model, loader, optimizer, epoch)   # average_gradients after backward
-        log(format_epoch(epoch, epochs, stats["seconds"]))
-        log(format_test(evaluate(model, test_set)))
+    log(format_test(evaluate(model, test_set)))     # the classic example's test line
 
-Everything works with or without a process group (without one: a single process). The
-`sync` argument of train_epoch is what runs between backward() and step(): average_gradients
-by default, None for a model that synchronizes itself (a DDP wrapper).
+Everything works with or without a process group (without one: a single process).
 """
-import time
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
-from .launch import device, log
+from .launch import device
 from .partition import ShardSampler
-from .sync import average_gradients
 
 
 def _group():
@@ -51,59 +42,6 @@ def shard_loader(dataset, global_batch, shuffle=True, seed=0, drop_last=False):
     sampler = ShardSampler(dataset, world_size, rank, shuffle=shuffle, seed=seed,
                            drop_last=drop_last)
     return DataLoader(dataset, batch_size=per_rank_batch(global_batch, world_size), sampler=sampler)
-
-
-def _mean_over_ranks(value):
-    """The mean of a Python float over the ranks (each rank's loss -> the global batch loss)."""
-    _, world_size = _group()
-    if world_size == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device())
-    dist.all_reduce(t)
-    return t.item() / world_size
-
-
-def train_epoch(model, loader, optimizer, epoch, sync=average_gradients, loss_fn=F.nll_loss,
-                log_interval=10, print_fn=log):
-    """One pass over `loader`: forward, backward, sync(model), optimizer.step().
-
-    Prints every `log_interval` steps (None: never) the example's line
-    "Train Epoch: 1 [640/60000 (1%)]\tLoss: 0.123456", where the count is of items all ranks
-    together have processed and the loss is the global batch's (mean over ranks).
-    Returns {"loss": mean loss over the epoch's items, "steps", "items", "seconds",
-    "sync_seconds"}: the last is the time spent in sync(), which includes waiting there for
-    the slowest rank to arrive, not only moving bytes.
-    """
-    _, world_size = _group()
-    model.train()
-    dev = device()
-    start = time.perf_counter()
-    loss_sum, items, steps, sync_seconds = 0.0, 0, 0, 0.0
-    for batch_idx, (data, target) in enumerate(loader):
-        data, target = data.to(dev), target.to(dev)
-        optimizer.zero_grad()
-        loss = loss_fn(model(data), target)  # mean over the local batch
-        loss.backward()
-        if sync is not None:
-            t = time.perf_counter()
-            sync(model)
-            sync_seconds += time.perf_counter() - t
-        optimizer.step()
-        loss_sum += loss.item() * len(data)
-        items += len(data)
-        steps += 1
-        if log_interval and batch_idx % log_interval == 0:
-            global_loss = _mean_over_ranks(loss.item())
-            print_fn("Train Epoch: {} [{}/{} ({:.0f}%)]\tLoss: {:.6f}".format(
-                epoch, batch_idx * (loader.batch_size or len(data)) * world_size,
-                len(loader.dataset),
-                100.0 * batch_idx / len(loader), global_loss))
-    totals = torch.tensor([loss_sum, items], dtype=torch.float64, device=dev)
-    if world_size > 1:
-        dist.all_reduce(totals)
-    seconds = time.perf_counter() - start
-    return {"loss": (totals[0] / totals[1].clamp(min=1)).item(), "steps": steps,
-            "items": int(totals[1].item()), "seconds": seconds, "sync_seconds": sync_seconds}
 
 
 @torch.no_grad()
@@ -139,11 +77,6 @@ def format_test(result):
     """The example's test report ("Test set: Average loss: ..., Accuracy: c/n (p%)")."""
     return "Test set: Average loss: {:.4f}, Accuracy: {}/{} ({:.2f}%)".format(
         result["loss"], result["correct"], result["total"], 100.0 * result["accuracy"])
-
-
-def format_epoch(epoch, epochs, seconds):
-    """The example's timing line ("Epoch 1 of 2 took 12.345s")."""
-    return "Epoch {} of {} took {:.3f}s".format(epoch, epochs, seconds)
 
 
 def scaled_lr(base_lr, base_batch, global_batch, step=None, warmup_steps=0):
