@@ -7,7 +7,7 @@ survey in shared/reference:
      backward() can compute gradients,
   2. nn.Module: a network is a module holding parameters (Net: the classic MNIST convnet of
      the old gloo example, 21,840 parameters),
-  3. Dataset and DataLoader: the data, batched and shuffled (dist_sgd.data picks MNIST if it
+  3. Dataset and DataLoader: the data, batched and shuffled (dist_sgd.sgd.data picks MNIST if it
      can download it, else Fashion-MNIST from local files, and says which and why),
   4. weight initialization through module.apply(init_weights),
   5. the loop: forward, loss (F.nll_loss: Net outputs log-probabilities), backward, and the
@@ -40,10 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from dist_sgd.check import check, max_diff
-from dist_sgd.data import get_dataset
-from dist_sgd.launch import lesson_parser
-from dist_sgd.models import Net, count_parameters, init_weights
+from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.sgd.data import get_dataset
+from dist_sgd.plumbing.launch import lesson_parser
+from dist_sgd.sgd.models import Net, count_parameters, init_weights
 
 LR, BATCH = 0.05, 64
 

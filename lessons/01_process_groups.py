@@ -20,7 +20,7 @@ What this lesson does:
                 register by writing to it; it must not exist beforehand.
      In the group each rank prints who it is, waits at a barrier (nobody passes until all
      have arrived) and checks the group with one all-reduce;
-  2. does the same with dist_sgd.launch.launch(), and shows what it adds: a free port
+  2. does the same with dist_sgd.plumbing.launch.launch(), and shows what it adds: a free port
      chosen by the kernel (never a fixed one), a timeout on every operation (torch's
      default is 30 minutes for gloo, 10 for NCCL: a lost rank would stall its peers that
      long), every rank's result back by rank, and, when one rank fails, an error naming
@@ -52,9 +52,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from dist_sgd.check import check
-from dist_sgd.launch import (RankError, free_port, launch, lesson_parser, log, rank_print,
-                             under_torchrun)
+from dist_sgd.plumbing.check import check
+from dist_sgd.plumbing.launch import RankError, free_port, launch, lesson_parser
+from dist_sgd.plumbing.rank import log, rank_print, under_torchrun
 
 BACKENDS = """\
 Backends: the library that moves the bytes.

@@ -19,7 +19,7 @@ all-reduce included, from nothing else.) This lesson writes each step itself:
      then do it right: wait() first, or send a copy.
   4. ping-pong: rank 0 sends n bytes, rank 1 sends them straight back; one-way time = round
      trip / 2. First by hand for three sizes, then measured carefully from 8 bytes to 64 MiB
-     (dist_sgd.p2p.ping_pong: the same loop, timed interleaved with medians), and fitted to
+     (dist_sgd.comm.p2p.ping_pong: the same loop, timed interleaved with medians), and fitted to
      the alpha-beta model  t(n) = alpha + beta * n:
        alpha  latency: the time of an empty message (software, kernel, network round trip),
        beta   seconds per byte (1 / bandwidth): what every extra byte costs.
@@ -45,10 +45,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from dist_sgd.check import check, max_diff
-from dist_sgd.costmodel import fit_alpha_beta
-from dist_sgd.launch import device, launch, lesson_parser, log, rank_print
-from dist_sgd.p2p import ping_pong
+from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.scale.costmodel import fit_alpha_beta
+from dist_sgd.plumbing.launch import launch, lesson_parser
+from dist_sgd.plumbing.rank import device, log, rank_print
+from dist_sgd.comm.p2p import ping_pong
 
 SIZES = [8 * 8 ** k for k in range(8)] + [64 * 2 ** 20]  # 8 B, 64 B, ..., 16 MiB, 64 MiB
 QUICK_SIZES = [8, 4096, 2 ** 18, 2 ** 22]

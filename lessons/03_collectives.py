@@ -14,7 +14,7 @@ gradients everywhere), but the others are the vocabulary every distributed progr
     reduce_scatter  op(everyone's list[i]) -> rank i           (all_reduce's first half)
     barrier         nobody leaves before everyone arrived      (line up before timing)
 
-For each one this lesson runs torch's version first, then ours from dist_sgd.collectives
+For each one this lesson runs torch's version first, then ours from dist_sgd.comm.collectives
 (written with nothing but isend/irecv), shows who ends with what, and checks that ours
 equals torch's (the max difference over all ranks is printed; it is 0 where no float
 rounding is involved). Each rank r starts with the tensor [10r, 10r+1, 10r+2, 10r+3], so
@@ -45,9 +45,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from dist_sgd import collectives as ours
-from dist_sgd.check import check, max_diff
-from dist_sgd.launch import device, launch, lesson_parser, log
+from dist_sgd.comm import collectives as ours
+from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.plumbing.launch import launch, lesson_parser
+from dist_sgd.plumbing.rank import device, log
 
 
 def each_rank(t):

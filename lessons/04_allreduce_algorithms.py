@@ -2,7 +2,7 @@
 
 all_reduce is the one collective data-parallel training cannot do without: after every
 backward pass, every rank needs the sum of every rank's gradients. There are many ways to
-compute it from send/recv; dist_sgd.allreduce has four textbook ones, checked here
+compute it from send/recv; dist_sgd.comm.allreduce has four textbook ones, checked here
 against torch (and "ring_pipelined", the ring tuned for big tensors, see ring_pipelined.py):
 
     naive             everyone sends its whole tensor to rank 0, which adds them up and sends
@@ -27,7 +27,7 @@ bandwidth; gamma per byte added):
     ring    2(p-1) alpha + 2(p-1)/p n beta      halving_doubling 2 log2(p) alpha + 2(p-1)/p n beta
 So the tree wins for small messages (few latencies), the ring and halving-doubling for large
 ones (few bytes). The lesson measures alpha and beta with a ping-pong (lesson 02), predicts
-each algorithm's time with dist_sgd.costmodel and puts the measured times beside them.
+each algorithm's time with dist_sgd.scale.costmodel and puts the measured times beside them.
 
 Honest caveat: on one machine the "network" is memory copies through the kernel's loopback
 TCP, and with more ranks than cores the ranks also queue for a CPU, which the model ignores:
@@ -64,12 +64,14 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from dist_sgd import costmodel, ringviz
-from dist_sgd.check import check, max_diff
-from dist_sgd.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
-from dist_sgd.launch import device, launch, lesson_parser, log
-from dist_sgd.p2p import ping_pong
-from dist_sgd.timing import time_alternating
+from dist_sgd.scale import costmodel
+from dist_sgd.comm import ringviz
+from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.comm.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
+from dist_sgd.plumbing.launch import launch, lesson_parser
+from dist_sgd.plumbing.rank import device, log
+from dist_sgd.comm.p2p import ping_pong
+from dist_sgd.plumbing.timing import time_alternating
 
 
 def everyone(obj):

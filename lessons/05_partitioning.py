@@ -8,7 +8,7 @@ some items are never seen).
 1. The PyTorch tutorial's DataPartitioner: shuffle the indices once with a seed that every
    rank shares (so every rank computes the *same* shuffle without talking), cut them into
    world_size parts, and take part `rank`.
-2. A sampler, as real code does it: dist_sgd.partition.ShardSampler, which yields index for
+2. A sampler, as real code does it: dist_sgd.sgd.partition.ShardSampler, which yields index for
    index what torch.utils.data.distributed.DistributedSampler yields. Each epoch it draws one
    permutation seeded with seed + epoch (set_epoch!), pads it by repeating its first indices
    until it splits evenly (so that every rank runs the same number of steps: a rank that
@@ -41,15 +41,16 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from dist_sgd.check import check, max_diff
-from dist_sgd.data import get_dataset
-from dist_sgd.launch import device, launch, lesson_parser, log, rank_print
-from dist_sgd.models import Net
-from dist_sgd.optim import SGD
-from dist_sgd.partition import (DataPartitioner, ShardSampler, check_sharded,
+from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.sgd.data import get_dataset
+from dist_sgd.plumbing.launch import launch, lesson_parser
+from dist_sgd.plumbing.rank import device, log, rank_print
+from dist_sgd.sgd.models import Net
+from dist_sgd.sgd.optim import SGD
+from dist_sgd.sgd.partition import (DataPartitioner, ShardSampler, check_sharded,
                                 is_sharded, loader_indices, shard_report)
-from dist_sgd.sync import average_gradients
-from dist_sgd.timing import summarize, time_alternating
+from dist_sgd.sgd.sync import average_gradients
+from dist_sgd.plumbing.timing import summarize, time_alternating
 
 
 def in_rank_order(fn):

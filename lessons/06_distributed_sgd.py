@@ -1,6 +1,6 @@
 """Lesson 06: distributed synchronous SGD, written by hand.
 
-Every rank holds a full copy of the model (the classic MNIST convnet, dist_sgd.models.Net)
+Every rank holds a full copy of the model (the classic MNIST convnet, dist_sgd.sgd.models.Net)
 and its own shard of the data (lesson 05). One step, on every rank (train_step below):
 
     loss = F.nll_loss(model(x_local), y_local)   # the mean over this rank's b items
@@ -43,7 +43,7 @@ Run:
 
 Exercises:
   1. Keep 64 items per rank (--batch-size 64 x world size) with lr 0.01: what happens to
-     accuracy after one epoch? Then scale lr with dist_sgd.train.scaled_lr (the linear
+     accuracy after one epoch? Then scale lr with dist_sgd.sgd.train.scaled_lr (the linear
      scaling rule of Goyal et al. 2017, "Accurate, Large Minibatch SGD"), with warm-up.
   2. Use a summed loss (reduction="sum") with average_gradients: by what factor is the update
      off? What should average_gradients divide by instead?
@@ -57,13 +57,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from dist_sgd.check import check, max_diff
-from dist_sgd.data import get_dataset
-from dist_sgd.launch import device, launch, lesson_parser, log
-from dist_sgd.models import Net
-from dist_sgd.optim import SGD
-from dist_sgd.sync import average_gradients, broadcast_parameters
-from dist_sgd.train import evaluate, format_test, max_diff_across_ranks, per_rank_batch, shard_loader
+from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.sgd.data import get_dataset
+from dist_sgd.plumbing.launch import launch, lesson_parser
+from dist_sgd.plumbing.rank import device, log
+from dist_sgd.sgd.models import Net
+from dist_sgd.sgd.optim import SGD
+from dist_sgd.sgd.sync import average_gradients, broadcast_parameters
+from dist_sgd.sgd.train import evaluate, format_test, max_diff_across_ranks, per_rank_batch, shard_loader
 
 LR, MOMENTUM, SEED = 0.01, 0.5, 1  # the old example's settings
 CHECK_STEPS, MICRO_BATCHES = 5, 4

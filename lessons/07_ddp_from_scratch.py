@@ -54,14 +54,15 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-from dist_sgd import collectives
-from dist_sgd.check import check, max_diff
-from dist_sgd.data import get_dataset
-from dist_sgd.ddp import DistributedDataParallel
-from dist_sgd.ddp_steps import HookDDP, NaiveDDP
-from dist_sgd.launch import launch, lesson_parser, log, rank_print
-from dist_sgd.models import BigNet, Net
-from dist_sgd.timing import time_alternating
+from dist_sgd.comm import collectives
+from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.sgd.data import get_dataset
+from dist_sgd.ddp.ddp import DistributedDataParallel
+from dist_sgd.ddp.steps import HookDDP, NaiveDDP
+from dist_sgd.plumbing.launch import launch, lesson_parser
+from dist_sgd.plumbing.rank import log, rank_print
+from dist_sgd.sgd.models import BigNet, Net
+from dist_sgd.plumbing.timing import time_alternating
 
 RANK_BATCH, SMALL_CAP, TOL = 32, 0.01, 1e-6  # 0.01 MiB cuts Net's 87 KB into 3 buckets
 

@@ -40,7 +40,7 @@ Exercises:
      are the gradients still exact?
   2. Switch dropout on (model.train()) and compare with one process: why do they differ now,
      and why would two runs of DataParallel differ from each other too?
-  3. Time a tiny model (dist_sgd.models.MLP, batch 8) with 1 and 4 replicas: where does the
+  3. Time a tiny model (dist_sgd.sgd.models.MLP, batch 8) with 1 and 4 replicas: where does the
      time go (hint: last_times, and the GIL)?
 """
 import sys
@@ -49,12 +49,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dist_sgd.check import check, max_diff
-from dist_sgd.data import get_dataset
-from dist_sgd.data_parallel import DataParallel, gather, parallel_apply, replicate, scatter
-from dist_sgd.launch import launch, lesson_parser, log
-from dist_sgd.models import MLP, Net
-from dist_sgd.timing import summarize, time_alternating
+from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.sgd.data import get_dataset
+from dist_sgd.ddp.data_parallel import DataParallel, gather, parallel_apply, replicate, scatter
+from dist_sgd.plumbing.launch import launch, lesson_parser
+from dist_sgd.plumbing.rank import log
+from dist_sgd.sgd.models import MLP, Net
+from dist_sgd.plumbing.timing import summarize, time_alternating
 
 
 def net(cls=Net):

@@ -59,16 +59,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-from dist_sgd.check import check, max_diff
-from dist_sgd.data import get_dataset
-from dist_sgd.data_parallel import DataParallel
-from dist_sgd.ddp import DistributedDataParallel
-from dist_sgd.figures import write_csv
-from dist_sgd.launch import device, launch, lesson_parser, log
-from dist_sgd.models import Net
-from dist_sgd.optim import SGD
-from dist_sgd.sync import average_gradients
-from dist_sgd.train import evaluate, per_rank_batch
+from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.sgd.data import get_dataset
+from dist_sgd.ddp.data_parallel import DataParallel
+from dist_sgd.ddp.ddp import DistributedDataParallel
+from dist_sgd.plumbing.figures import write_csv
+from dist_sgd.plumbing.launch import launch, lesson_parser
+from dist_sgd.plumbing.rank import device, log
+from dist_sgd.sgd.models import Net
+from dist_sgd.sgd.optim import SGD
+from dist_sgd.sgd.sync import average_gradients
+from dist_sgd.sgd.train import evaluate, per_rank_batch
 
 DISTRIBUTED = ("average_gradients", "our DDP", "torch DDP")
 GLOBAL_BATCH, EARLY = 96, 10  # 96 divides over 1, 2, 3 and 4 ranks; weights checked at step 10

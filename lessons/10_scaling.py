@@ -56,16 +56,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dist_sgd import costmodel
-from dist_sgd.check import check, max_diff
-from dist_sgd.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
-from dist_sgd.costmodel import human_bytes
-from dist_sgd.figures import read_csv
-from dist_sgd.launch import launch, lesson_parser, log
-from dist_sgd.models import BigNet, count_parameters
-from dist_sgd.p2p import ping_pong
-from dist_sgd.sync import average_gradients
-from dist_sgd.timing import summarize, time_alternating
+from dist_sgd.scale import costmodel
+from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.comm.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
+from dist_sgd.scale.costmodel import human_bytes
+from dist_sgd.plumbing.figures import read_csv
+from dist_sgd.plumbing.launch import launch, lesson_parser
+from dist_sgd.plumbing.rank import log
+from dist_sgd.sgd.models import BigNet, count_parameters
+from dist_sgd.comm.p2p import ping_pong
+from dist_sgd.sgd.sync import average_gradients
+from dist_sgd.plumbing.timing import summarize, time_alternating
 
 KiB, MiB = 2 ** 10, 2 ** 20
 

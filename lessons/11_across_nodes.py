@@ -2,7 +2,7 @@
 
 On one machine (lessons 01-10) the "network" is the CPU copying bytes through loopback: every
 byte sent costs the cores that compute, so nothing can overlap and nothing is link-bound. Here
-the lesson builds a small cluster on this one machine (dist_sgd.cluster): each node is a Linux
+the lesson builds a small cluster on this one machine (dist_sgd.scale.cluster): each node is a Linux
 network namespace with its own network stack, plugged into a bridge (a switch) by a link that
 `tc ... tbf` limits to 1 Gbit/s in each direction, like a cheap Ethernet port. Then it runs
 itself once in every node, exactly as a cluster runs a job, and measures:
@@ -30,7 +30,7 @@ overlap gains little (compare the "no communication" row with the rest, and `upt
 Run:
     sudo python lessons/11_across_nodes.py             # 2 nodes at 1 Gbit/s
     sudo python lessons/11_across_nodes.py --quick     # small sizes, ~20 s
-On a real cluster (or through `python -m dist_sgd.cluster --nodes 2 -- '...'`) every lesson runs
+On a real cluster (or through `python -m dist_sgd.scale.cluster --nodes 2 -- '...'`) every lesson runs
 with the commands a cluster uses, for instance on each of 2 machines:
     torchrun --nnodes 2 --node-rank $NODE_RANK --nproc-per-node 1 \\
              --master-addr $MASTER_ADDR --master-port $MASTER_PORT lessons/07_ddp_from_scratch.py
@@ -50,11 +50,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dist_sgd import cluster, collectives, costmodel, ddp, ddp_steps, p2p
-from dist_sgd.check import check, max_diff
-from dist_sgd.launch import launch, lesson_parser, log
-from dist_sgd.models import BigNet
-from dist_sgd.timing import summarize, time_alternating
+from dist_sgd.scale import cluster
+from dist_sgd.comm import collectives
+from dist_sgd.scale import costmodel
+from dist_sgd.ddp import ddp
+from dist_sgd.ddp import steps as ddp_steps
+from dist_sgd.comm import p2p
+from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.plumbing.launch import launch, lesson_parser
+from dist_sgd.plumbing.rank import log
+from dist_sgd.sgd.models import BigNet
+from dist_sgd.plumbing.timing import summarize, time_alternating
 
 MiB = 2 ** 20
 

@@ -59,15 +59,17 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 from torch.utils.data import Subset
 
-from dist_sgd import cluster, compress
-from dist_sgd.check import check, max_diff
-from dist_sgd.costmodel import human_bytes, link
-from dist_sgd.data import get_dataset
-from dist_sgd.ddp import DistributedDataParallel
-from dist_sgd.launch import launch, lesson_parser, log
-from dist_sgd.models import BigNet, Net, init_weights
-from dist_sgd.timing import summarize, time_alternating
-from dist_sgd.train import evaluate, shard_loader
+from dist_sgd.scale import cluster
+from dist_sgd.ddp import compress
+from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.scale.costmodel import human_bytes, link
+from dist_sgd.sgd.data import get_dataset
+from dist_sgd.ddp.ddp import DistributedDataParallel
+from dist_sgd.plumbing.launch import launch, lesson_parser
+from dist_sgd.plumbing.rank import log
+from dist_sgd.sgd.models import BigNet, Net, init_weights
+from dist_sgd.plumbing.timing import summarize, time_alternating
+from dist_sgd.sgd.train import evaluate, shard_loader
 
 SCHEMES = {"none": 0, "fp16": 0, "PowerSGD rank 1": 1, "PowerSGD rank 2": 2, "PowerSGD rank 4": 4}
 BATCH = 64  # global batch

@@ -53,12 +53,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dist_sgd.check import check, max_diff
-from dist_sgd.ddp import DistributedDataParallel
-from dist_sgd.launch import launch, lesson_parser, log, under_torchrun
-from dist_sgd.sync import average_gradients
-from dist_sgd.timing import summarize, time_alternating
-from dist_sgd.zero import ShardedOptimizer, wire_bytes
+from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.ddp.ddp import DistributedDataParallel
+from dist_sgd.plumbing.launch import launch, lesson_parser
+from dist_sgd.plumbing.rank import log, under_torchrun
+from dist_sgd.sgd.sync import average_gradients
+from dist_sgd.plumbing.timing import summarize, time_alternating
+from dist_sgd.shard.zero import ShardedOptimizer, wire_bytes
 
 LR, STEPS = 1e-3, 3
 

@@ -46,17 +46,18 @@ import time
 import torch
 import torch.nn.functional as F
 
-from dist_sgd.chaos import run_and_kill, write_step
-from dist_sgd.check import check, max_diff
-from dist_sgd.checkpoint import load_checkpoint, save_checkpoint, weights_sha256
-from dist_sgd.data import get_dataset
-from dist_sgd.ddp import DistributedDataParallel
-from dist_sgd.launch import launch, lesson_parser, log, under_torchrun
-from dist_sgd.models import Net
-from dist_sgd.optim import SGD
-from dist_sgd.partition import ShardSampler
-from dist_sgd.peer_recovery import run_with_peer_recovery
-from dist_sgd.train import per_rank_batch
+from dist_sgd.faults.chaos import run_and_kill, write_step
+from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.faults.checkpoint import load_checkpoint, save_checkpoint, weights_sha256
+from dist_sgd.sgd.data import get_dataset
+from dist_sgd.ddp.ddp import DistributedDataParallel
+from dist_sgd.plumbing.launch import launch, lesson_parser
+from dist_sgd.plumbing.rank import log, under_torchrun
+from dist_sgd.sgd.models import Net
+from dist_sgd.sgd.optim import SGD
+from dist_sgd.sgd.partition import ShardSampler
+from dist_sgd.faults.peer_recovery import run_with_peer_recovery
+from dist_sgd.sgd.train import per_rank_batch
 
 GLOBAL_BATCH, SEED = 64, 14
 

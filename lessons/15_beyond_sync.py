@@ -16,7 +16,7 @@ all-reduce averages it, all ranks take the same step. It is one point in a desig
                           averaged (dist_sgd/local_sgd.py): H times fewer bytes. DiLoCo
                           (Douillard et al. 2023) adds an outer Nesterov step to the average.
 
-Here every one of them trains dist_sgd.models.Net on the same data (Fashion-MNIST when it is
+Here every one of them trains dist_sgd.sgd.models.Net on the same data (Fashion-MNIST when it is
 installed) with the same global batch and learning rate, in one group of processes: rank 0 is
 the server (it sits out the all-reduce methods), ranks 1..W are the workers. One worker is
 made 3x slower on purpose (a straggler) in two runs, to show what synchronous training pays
@@ -46,7 +46,7 @@ Run:
     python lessons/15_beyond_sync.py --quick           # 20 steps, a 1000-image test set
     torchrun --standalone --nproc-per-node 3 lessons/15_beyond_sync.py
     # Optional, on lesson 11's shaped link (branch `cluster`, when merged): run this file under
-    #   python -m dist_sgd.cluster ... lessons/15_beyond_sync.py   (nothing here changes)
+    #   python -m dist_sgd.scale.cluster ... lessons/15_beyond_sync.py   (nothing here changes)
 
 Exercises:
   1. Pass staleness_aware=True to the async server: lr / staleness. What happens to the loss?
@@ -60,14 +60,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from dist_sgd import ps
-from dist_sgd.check import check, max_diff
-from dist_sgd.data import get_dataset
-from dist_sgd.hogwild import hogwild
-from dist_sgd.launch import launch, lesson_parser, log
-from dist_sgd.local_sgd import LocalSGD
-from dist_sgd.models import Net, init_weights
-from dist_sgd.train import evaluate, per_rank_batch
+from dist_sgd.beyond import ps
+from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.sgd.data import get_dataset
+from dist_sgd.beyond.hogwild import hogwild
+from dist_sgd.plumbing.launch import launch, lesson_parser
+from dist_sgd.plumbing.rank import log
+from dist_sgd.beyond.local_sgd import LocalSGD
+from dist_sgd.sgd.models import Net, init_weights
+from dist_sgd.sgd.train import evaluate, per_rank_batch
 
 GLOBAL_BATCH, LR, MOMENTUM, SLOW, CHECK_STEPS = 60, 0.05, 0.9, 3, 10  # 60 splits over 1-6 workers
 

@@ -10,7 +10,8 @@ import types
 
 import pytest
 
-from dist_sgd import costmodel, figures
+from dist_sgd.scale import costmodel
+from dist_sgd.plumbing import figures
 from dist_sgd.bench import __main__ as cli
 from dist_sgd.bench import atscale, common
 

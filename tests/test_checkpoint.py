@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from dist_sgd import checkpoint
-from dist_sgd.checkpoint import (latest_checkpoint, load_checkpoint, save_checkpoint,
+from dist_sgd.faults import checkpoint
+from dist_sgd.faults.checkpoint import (latest_checkpoint, load_checkpoint, save_checkpoint,
                                  weights_sha256)
-from dist_sgd.optim import SGD
+from dist_sgd.sgd.optim import SGD
 
 
 def make(seed=0, hidden=8):

@@ -1,4 +1,4 @@
-"""dist_sgd.cluster: nodes built and removed (also when a node fails or the command is killed),
+"""dist_sgd.scale.cluster: nodes built and removed (also when a node fails or the command is killed),
 a 2-node torchrun all-reduce equal to the single-machine sum, and a lesson run across nodes.
 
 Building namespaces needs root; without it every test here skips and says so.
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from dist_sgd import cluster
+from dist_sgd.scale import cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROBLEM = cluster.privilege_problem() if sys.platform.startswith("linux") else "Linux only"
@@ -36,7 +36,7 @@ def made_by(pid):
 
 
 def run_cli(*args, timeout=60):
-    cmd = [sys.executable, "-m", "dist_sgd.cluster", *args]
+    cmd = [sys.executable, "-m", "dist_sgd.scale.cluster", *args]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=timeout)
@@ -80,7 +80,7 @@ def test_a_failing_node_is_named_and_everything_is_removed():
 @needs_root
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_stopping_the_command_removes_everything(sig):
-    cmd = [sys.executable, "-m", "dist_sgd.cluster", "--nodes", "2", "--", "sleep", "60"]
+    cmd = [sys.executable, "-m", "dist_sgd.scale.cluster", "--nodes", "2", "--", "sleep", "60"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert "running: sleep 60" in proc.stdout.readline()  # printed once the nodes exist
@@ -96,7 +96,7 @@ def test_stopping_the_command_removes_everything(sig):
 @needs_root
 def test_without_privilege_it_says_what_is_needed():
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
-    proc = subprocess.run(nobody + [sys.executable, "-m", "dist_sgd.cluster", "--nodes", "2", "--",
+    proc = subprocess.run(nobody + [sys.executable, "-m", "dist_sgd.scale.cluster", "--nodes", "2", "--",
                                     "true"], cwd=ROOT, env=ENV, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -115,8 +115,8 @@ def test_bad_arguments_get_clear_errors():
 
 ALL_REDUCE = textwrap.dedent("""
     import torch, torch.distributed as dist
-    from dist_sgd.check import check, max_diff
-    from dist_sgd.launch import launch
+    from dist_sgd.plumbing.check import check, max_diff
+    from dist_sgd.plumbing.launch import launch
 
     def work(rank, world_size):
         inputs = [torch.randn(1001, generator=torch.Generator().manual_seed(r))

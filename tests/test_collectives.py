@@ -1,4 +1,4 @@
-"""dist_sgd.collectives against torch.distributed (gloo), on the same inputs, at world sizes 1-4.
+"""dist_sgd.comm.collectives against torch.distributed (gloo), on the same inputs, at world sizes 1-4.
 
 One launch() per world size (a spawn costs seconds) runs every case inside the ranks and
 returns a dict; each test below reads the part of it that states one property. Inside the
@@ -23,9 +23,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from dist_sgd import collectives as C, ring_pipelined
-from dist_sgd.launch import launch
-from dist_sgd.wire import split
+from dist_sgd.comm import collectives as C
+from dist_sgd.comm import ring_pipelined
+from dist_sgd.plumbing.launch import launch
+from dist_sgd.comm.wire import split
 
 OPS = {"sum": ReduceOp.SUM, "product": ReduceOp.PRODUCT, "min": ReduceOp.MIN, "max": ReduceOp.MAX}
 ALL_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")

@@ -1,9 +1,9 @@
-"""Our communication hooks (dist_sgd.compress) against torch's, on torch's DDP and on ours.
+"""Our communication hooks (dist_sgd.ddp.compress) against torch's, on torch's DDP and on ours.
 
 One launch() per world size (2 and 3) runs every configuration; the small tests below read
 its results. Each configuration trains identical models side by side on the same batches for
 STEPS steps (PowerSGD starts at step START): the reference, torch's hook on torch's DDP, then
-our hook on torch's DDP, torch's hook on our DDP (dist_sgd.ddp) and our hook on our DDP, and
+our hook on torch's DDP, torch's hook on our DDP (dist_sgd.ddp.ddp) and our hook on our DDP, and
 records every gradient DDP hands back plus the hook's memory.
 
 The model's gradient matrices are full rank (batch 24 per rank > every layer's width, and a
@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 from torch.testing import assert_close
 
-from dist_sgd import compress
-from dist_sgd.ddp import DistributedDataParallel
-from dist_sgd.launch import launch
+from dist_sgd.ddp import compress
+from dist_sgd.ddp.ddp import DistributedDataParallel
+from dist_sgd.plumbing.launch import launch
 
 PER_RANK = 24
 STEPS = 5
@@ -281,7 +281,7 @@ def test_lesson_12_on_the_2_node_link():
     import os
     import re
 
-    from dist_sgd import cluster
+    from dist_sgd.scale import cluster
 
     if problem := cluster.privilege_problem():
         pytest.skip(f"no cluster here: {problem}")

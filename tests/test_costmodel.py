@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from dist_sgd import costmodel
-from dist_sgd.costmodel import fit_alpha_beta, fit_all_reduce, predict_all_reduce
-from dist_sgd.launch import launch
+from dist_sgd.scale import costmodel
+from dist_sgd.scale.costmodel import fit_alpha_beta, fit_all_reduce, predict_all_reduce
+from dist_sgd.plumbing.launch import launch
 
 SIZES = [2 ** k for k in range(10, 27, 2)]  # 1 KiB .. 64 MiB
 NUMEL = 12 * 1024  # 48 KiB of float32: divides by 3 and 4 (equal chunks), one segment per chunk
@@ -27,7 +27,7 @@ NUMEL = 12 * 1024  # 48 KiB of float32: divides by 3 and 4 (equal chunks), one s
 
 def _traced(rank, world_size):
     """{algorithm: {"sent": [bytes per message], "received": [...]}} of this rank."""
-    from dist_sgd.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
+    from dist_sgd.comm.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 
     log = {"sent": [], "received": []}
 

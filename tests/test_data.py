@@ -1,4 +1,4 @@
-"""dist_sgd.data: the IDX reader, the "auto" choice and its override, synthetic data, errors."""
+"""dist_sgd.sgd.data: the IDX reader, the "auto" choice and its override, synthetic data, errors."""
 import gzip
 import os
 import shutil
@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dist_sgd import data
-from dist_sgd.data import DatasetNotFound, get_dataset, read_idx, synthetic
-from dist_sgd.models import MLP
+from dist_sgd.sgd import data
+from dist_sgd.sgd.data import DatasetNotFound, get_dataset, read_idx, synthetic
+from dist_sgd.sgd.models import MLP
 
 REAL = "/usr/share/datasets/fashion-mnist"
 

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 import torch.nn.parallel.scatter_gather as torch_sg
 from torch.testing import assert_close
 
-from dist_sgd.data_parallel import DataParallel, gather, replicate, scatter, scatter_kwargs
-from dist_sgd.models import MLP, Net
+from dist_sgd.ddp.data_parallel import DataParallel, gather, replicate, scatter, scatter_kwargs
+from dist_sgd.sgd.models import MLP, Net
 
 
 class TwoHeads(nn.Module):

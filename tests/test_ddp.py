@@ -17,10 +17,10 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 from torch.testing import assert_close
 
-from dist_sgd import collectives
-from dist_sgd.ddp import DistributedDataParallel, assign_buckets
-from dist_sgd.ddp_steps import HookDDP, NaiveDDP
-from dist_sgd.launch import launch
+from dist_sgd.comm import collectives
+from dist_sgd.ddp.ddp import DistributedDataParallel, assign_buckets
+from dist_sgd.ddp.steps import HookDDP, NaiveDDP
+from dist_sgd.plumbing.launch import launch
 
 PER_RANK = 4
 STEPS = 3

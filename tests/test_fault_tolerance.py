@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dist_sgd.chaos import kill_a_worker
-from dist_sgd.peer_recovery import run_with_peer_recovery
+from dist_sgd.faults.chaos import kill_a_worker
+from dist_sgd.faults.peer_recovery import run_with_peer_recovery
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LESSON = os.path.join(ROOT, "lessons", "14_fault_tolerance.py")
@@ -90,7 +90,7 @@ def fail_once(rank, world_size, fail_until):
 
 
 def test_launch_max_restarts_restarts_every_rank_like_torchrun():
-    from dist_sgd.launch import RankError, launch
+    from dist_sgd.plumbing.launch import RankError, launch
     assert launch(fail_once, 2, 2, max_restarts=2) == [(2, 2.0), (2, 2.0)]
     with pytest.raises(RankError, match="rank 1 failed: ValueError: rank 1 fails in attempt 1"):
         launch(fail_once, 2, 2, max_restarts=1)

@@ -19,8 +19,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dist_sgd import launch as launcher
-from dist_sgd.launch import INIT_METHODS, RankError, launch
+from dist_sgd.plumbing import launch as launcher
+from dist_sgd.plumbing.rank import log, under_torchrun
+from dist_sgd.plumbing.launch import INIT_METHODS, RankError, launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,7 +33,7 @@ def report(rank, world_size, tag):
     return {"rank": rank, "tag": tag, "group_rank": dist.get_rank(),
             "group_size": dist.get_world_size(), "backend": dist.get_backend(),
             "sum": total.item(), "pid": os.getpid(), "threads": torch.get_num_threads(),
-            "under_torchrun": launcher.under_torchrun()}
+            "under_torchrun": under_torchrun()}
 
 
 # ---- results by rank, for every init method -------------------------------------------------
@@ -355,8 +356,8 @@ def test_rank_and_world_size_without_a_launchers_address_do_not_make_a_rank(monk
     monkeypatch.setenv("WORLD_SIZE", "7")
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.delenv("MASTER_PORT", raising=False)
-    assert not launcher.under_torchrun()
-    launcher.log("this process is no rank: it speaks")
+    assert not under_torchrun()
+    log("this process is no rank: it speaks")
     assert capsys.readouterr().out == "this process is no rank: it speaks\n"
 
 

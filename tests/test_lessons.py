@@ -1,6 +1,6 @@
 """Every lesson runs end to end at tiny size, as a learner would start it, and keeps its promises.
 
-A lesson states its checks in lines made by `dist_sgd.check.check`:
+A lesson states its checks in lines made by `dist_sgd.plumbing.check.check`:
 
     <what>: max difference <d> (tolerance <t>)
 

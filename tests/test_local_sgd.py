@@ -8,11 +8,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
-from dist_sgd.data import synthetic
-from dist_sgd.launch import launch
-from dist_sgd.local_sgd import LocalSGD
-from dist_sgd.models import MLP
-from dist_sgd.ps import flat_weights
+from dist_sgd.sgd.data import synthetic
+from dist_sgd.plumbing.launch import launch
+from dist_sgd.beyond.local_sgd import LocalSGD
+from dist_sgd.sgd.models import MLP
+from dist_sgd.beyond.ps import flat_weights
 
 STEPS, PER_RANK, LR, MOMENTUM, WD = 9, 4, 0.1, 0.9, 1e-3
 

@@ -1,4 +1,4 @@
-"""dist_sgd.optim.SGD against torch.optim.SGD, step for step, for every option."""
+"""dist_sgd.sgd.optim.SGD against torch.optim.SGD, step for step, for every option."""
 import copy
 import itertools
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from dist_sgd.optim import SGD
+from dist_sgd.sgd.optim import SGD
 
 STEPS = 25
 

@@ -1,9 +1,9 @@
-"""dist_sgd.p2p.ping_pong: the table it returns on three ranks, and a group of one refused."""
+"""dist_sgd.comm.p2p.ping_pong: the table it returns on three ranks, and a group of one refused."""
 import pytest
 import torch.distributed as dist
 
-from dist_sgd.launch import launch
-from dist_sgd.p2p import ping_pong
+from dist_sgd.plumbing.launch import launch
+from dist_sgd.comm.p2p import ping_pong
 from test_launch import check_report, report
 
 SIZES = [8, 4096, 2 ** 18]

@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from dist_sgd.partition import (DataPartitioner, ShardSampler, check_sharded, is_sharded,
+from dist_sgd.sgd.partition import (DataPartitioner, ShardSampler, check_sharded, is_sharded,
                                 loader_indices, shard_report)
 
 

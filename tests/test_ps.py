@@ -13,12 +13,12 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dist_sgd import ps
-from dist_sgd.data import synthetic
-from dist_sgd.hogwild import hogwild
-from dist_sgd.launch import RankError, launch
-from dist_sgd.models import MLP
-from dist_sgd.train import evaluate
+from dist_sgd.beyond import ps
+from dist_sgd.sgd.data import synthetic
+from dist_sgd.beyond.hogwild import hogwild
+from dist_sgd.plumbing.launch import RankError, launch
+from dist_sgd.sgd.models import MLP
+from dist_sgd.sgd.train import evaluate
 
 STEPS, PER_WORKER, LR, MOMENTUM, WD = 4, 5, 0.1, 0.9, 1e-3
 

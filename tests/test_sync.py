@@ -13,13 +13,13 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from dist_sgd.data import synthetic
-from dist_sgd.launch import launch
-from dist_sgd.models import MLP
-from dist_sgd.optim import SGD
-from dist_sgd.partition import ShardSampler
-from dist_sgd.sync import average_gradients, broadcast_parameters, gradients_to_sync
-from dist_sgd.train import evaluate, max_diff_across_ranks, per_rank_batch, shard_loader
+from dist_sgd.sgd.data import synthetic
+from dist_sgd.plumbing.launch import launch
+from dist_sgd.sgd.models import MLP
+from dist_sgd.sgd.optim import SGD
+from dist_sgd.sgd.partition import ShardSampler
+from dist_sgd.sgd.sync import average_gradients, broadcast_parameters, gradients_to_sync
+from dist_sgd.sgd.train import evaluate, max_diff_across_ranks, per_rank_batch, shard_loader
 
 PER_RANK = 4  # items per rank per step
 
@@ -140,7 +140,7 @@ def check_train_loop(rank, world_size):
 
 
 def rank_checks(rank, world_size):
-    from dist_sgd import collectives  # the hand-written all_reduce (helper "collectives")
+    from dist_sgd.comm import collectives  # the hand-written all_reduce (helper "collectives")
 
     data = synthetic(3 * world_size * PER_RANK * 2, seed=1)
     images, labels = data.tensors

@@ -1,9 +1,9 @@
 """Figure 1 (and the ours-vs-gloo benchmark): all-reduce bus bandwidth, our algorithms vs gloo.
 
 For world sizes 2, 3, 4 and messages of 16 KiB to 64 MiB, every algorithm in
-dist_sgd.collectives.ALL_REDUCE_ALGORITHMS (the textbook ring and the pipelined one among
+dist_sgd.comm.collectives.ALL_REDUCE_ALGORITHMS (the textbook ring and the pipelined one among
 them) and gloo's torch.distributed.all_reduce run alternately in one run
-(dist_sgd.timing.time_alternating: A B C ... A B C, slowest rank per sample), and we print
+(dist_sgd.plumbing.timing.time_alternating: A B C ... A B C, slowest rank per sample), and we print
 each one's median time and its ratio to gloo.
 
 Bus bandwidth = bytes * 2(p-1)/p / time (NCCL's convention): it divides out the bytes a ring
@@ -18,9 +18,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dist_sgd import costmodel
+from dist_sgd.scale import costmodel
 from dist_sgd.bench import common
-from dist_sgd.timing import summarize, time_alternating
+from dist_sgd.plumbing.timing import summarize, time_alternating
 
 NAME = "allreduce"
 GOALS = {2: 1.0, 4: 1.25}  # our target: a ring / gloo, for messages >= 1 MiB
@@ -50,7 +50,7 @@ def _gamma(nbytes_list):
 def check_against_torch(n=1007):
     """Every algorithm of ours against torch.distributed.all_reduce on the same random input
     (an odd size: uneven chunks). Raises if one differs; returns the max difference."""
-    from dist_sgd.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
+    from dist_sgd.comm.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 
     x = torch.randn(n, generator=torch.Generator().manual_seed(dist.get_rank()))
     expected = x.clone()
@@ -65,7 +65,7 @@ def check_against_torch(n=1007):
 
 
 def _worker(rank, world_size, sizes, repeats):
-    from dist_sgd.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
+    from dist_sgd.comm.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 
     max_diff = check_against_torch()  # a benchmark of a wrong answer is worthless
 
@@ -134,7 +134,7 @@ def _error(fit, key, algorithm, row):
 
 def report(rows):
     """Time and ratio to gloo per algorithm and size, the goals, the model's fit and error."""
-    from dist_sgd.costmodel import human_bytes
+    from dist_sgd.scale.costmodel import human_bytes
 
     by = {(r["world_size"], r["algorithm"], r["bytes"]): r for r in rows}
     model = fits(rows)

@@ -24,15 +24,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from dist_sgd import ps
+from dist_sgd.beyond import ps
 from dist_sgd.bench import common
-from dist_sgd.costmodel import predict_all_reduce
-from dist_sgd.data import get_dataset
-from dist_sgd.hogwild import hogwild
-from dist_sgd.launch import launch
-from dist_sgd.local_sgd import LocalSGD
-from dist_sgd.models import Net, init_weights
-from dist_sgd.train import evaluate, per_rank_batch
+from dist_sgd.scale.costmodel import predict_all_reduce
+from dist_sgd.sgd.data import get_dataset
+from dist_sgd.beyond.hogwild import hogwild
+from dist_sgd.plumbing.launch import launch
+from dist_sgd.beyond.local_sgd import LocalSGD
+from dist_sgd.sgd.models import Net, init_weights
+from dist_sgd.sgd.train import evaluate, per_rank_batch
 
 NAME = "beyond"
 GLOBAL_BATCH, LR, MOMENTUM, SLOW, WORKERS = 60, 0.05, 0.9, 3, 2

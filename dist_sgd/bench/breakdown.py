@@ -25,7 +25,7 @@ import torch.distributed as dist
 from dist_sgd.bench import common
 from dist_sgd.bench.scaling import DDP_BUCKET_MB, STRATEGIES
 from dist_sgd.bench.steps import batch, build, make_steps
-from dist_sgd.timing import summarize, time_alternating
+from dist_sgd.plumbing.timing import summarize, time_alternating
 
 NAME = "breakdown"
 PARTS = (("compute", "tab:green"), ("waiting", "tab:gray"), ("communication", "tab:red"))

@@ -1,4 +1,4 @@
-"""Lesson 11's figure: 2 nodes (network namespaces, dist_sgd.cluster) on a 1 Gbit/s link.
+"""Lesson 11's figure: 2 nodes (network namespaces, dist_sgd.scale.cluster) on a 1 Gbit/s link.
 
     python -m dist_sgd.bench cluster          # needs root; skips with the reason otherwise
 
@@ -20,9 +20,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dist_sgd import cluster, costmodel
+from dist_sgd.scale import cluster
+from dist_sgd.scale import costmodel
 from dist_sgd.bench import common
-from dist_sgd.timing import summarize, time_alternating
+from dist_sgd.plumbing.timing import summarize, time_alternating
 
 NAME = "cluster"
 NODES, RATE = 2, "1gbit"
@@ -55,7 +56,7 @@ def _ring(t, recv_first):
 
 
 def _algorithms():
-    from dist_sgd import collectives
+    from dist_sgd.comm import collectives
 
     algos = {"gloo": dist.all_reduce, "our ring": collectives.all_reduce}
     algos.update({name: (lambda t, o=order: _ring(t, o)) for name, order in RING_ORDERS.items()})
@@ -65,10 +66,10 @@ def _algorithms():
 def _ddp_steps(rank, batch, repeats):
     from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-    from dist_sgd.check import max_diff
-    from dist_sgd.ddp import DistributedDataParallel
-    from dist_sgd.ddp_steps import HookDDP, NaiveDDP
-    from dist_sgd.models import BigNet
+    from dist_sgd.plumbing.check import max_diff
+    from dist_sgd.ddp.ddp import DistributedDataParallel
+    from dist_sgd.ddp.steps import HookDDP, NaiveDDP
+    from dist_sgd.sgd.models import BigNet
 
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(batch, 1, 28, 28, generator=gen)
@@ -99,8 +100,8 @@ def _ddp_steps(rank, batch, repeats):
 
 
 def _node_work(rank, world_size, quick):
-    from dist_sgd.check import max_diff
-    from dist_sgd.p2p import ping_pong
+    from dist_sgd.plumbing.check import max_diff
+    from dist_sgd.comm.p2p import ping_pong
 
     repeats = 3 if quick else 10
     out = {"ping-pong": ping_pong([2 ** k for k in range(10, 23 if quick else 25, 2 if quick else 1)], repeats)}
@@ -175,7 +176,7 @@ def _node_main(argv):
     parser.add_argument("--node", required=True)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
-    from dist_sgd.launch import launch
+    from dist_sgd.plumbing.launch import launch
 
     results = launch(_node_work, None, args.quick, backend="gloo")
     if results is not None and os.environ.get("RANK") == "0":

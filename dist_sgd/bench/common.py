@@ -1,11 +1,11 @@
-"""What every benchmark shares: the CSV helpers of dist_sgd.figures, and running one
+"""What every benchmark shares: the CSV helpers of dist_sgd.plumbing.figures, and running one
 measurement at several world sizes while keeping what worked when one of them fails.
 
 A full benchmark run is long and unattended: if world size 4 fails, the numbers for 1, 2 and
 3 are still worth a CSV (and a figure, with `python -m dist_sgd.bench --redraw NAME`).
 """
-from dist_sgd.figures import figure_path, folder, machine_facts, read_csv, write_csv  # noqa: F401
-from dist_sgd.launch import RankError, launch
+from dist_sgd.plumbing.figures import figure_path, folder, machine_facts, read_csv, write_csv  # noqa: F401
+from dist_sgd.plumbing.launch import RankError, launch
 
 
 class Skip(Exception):

@@ -5,7 +5,7 @@ the error-feedback residual over steps.
 
 1. Bytes per step: what each rank hands to all-reduce per step for BigNet (1.2 M parameters),
    counted by the hooks during the timed steps (PowerSGD: its state's counters), and checked
-   against dist_sgd.compress.values_sent.
+   against dist_sgd.ddp.compress.values_sent.
 2. Step time: BigNet, 2 ranks over loopback, forward + backward (the hook runs inside) for
    none / fp16 / PowerSGD rank 1, 2, 4, with the same hook settings: torch's DDP + torch's
    hook, torch's DDP + our hook, our DDP + our hook (one bucket each: torch 2.14.1's
@@ -14,7 +14,7 @@ the error-feedback residual over steps.
 3. Residual: ||e|| / ||averaged gradient|| over the steps of Net trained on the dataset
    get_dataset("auto") picks, PowerSGD rank 1 with error feedback, from step START.
 
-4. The link: BigNet on 2 nodes of lesson 11's cluster (dist_sgd.cluster: network namespaces,
+4. The link: BigNet on 2 nodes of lesson 11's cluster (dist_sgd.scale.cluster: network namespaces,
    each node behind a 1 Gbit/s tbf-shaped link), one rank per node: torch's DDP as it comes
    (no hook, default buckets) against our DDP + our powerSGD_hook rank 2 (one bucket),
    alternated, medians of the slowest rank. measure() runs `python -m dist_sgd.bench.compress
@@ -34,13 +34,14 @@ import torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook as torch_powers
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-from dist_sgd import cluster, compress
+from dist_sgd.scale import cluster
+from dist_sgd.ddp import compress
 from dist_sgd.bench import common
-from dist_sgd.costmodel import human_bytes
-from dist_sgd.ddp import DistributedDataParallel
-from dist_sgd.launch import launch
-from dist_sgd.models import BigNet, Net, init_weights
-from dist_sgd.timing import summarize, time_alternating
+from dist_sgd.scale.costmodel import human_bytes
+from dist_sgd.ddp.ddp import DistributedDataParallel
+from dist_sgd.plumbing.launch import launch
+from dist_sgd.sgd.models import BigNet, Net, init_weights
+from dist_sgd.plumbing.timing import summarize, time_alternating
 
 NAME = "compress"
 SCHEMES = {"none": 0, "fp16": 0, "PowerSGD rank 1": 1, "PowerSGD rank 2": 2, "PowerSGD rank 4": 4}
@@ -83,8 +84,8 @@ def _model(scheme, ours, ddp):
 
 def _residual(steps):
     """||e|| and ||averaged gradient|| per compressed step: Net, PowerSGD rank 1 + error feedback."""
-    from dist_sgd.data import get_dataset
-    from dist_sgd.train import shard_loader
+    from dist_sgd.sgd.data import get_dataset
+    from dist_sgd.sgd.train import shard_loader
 
     torch.manual_seed(0)
     model = TorchDDP(Net().apply(init_weights), bucket_cap_mb=1000)
@@ -226,7 +227,7 @@ def report(rows):
         for impl in IMPLS:
             if by[scheme, impl]["bytes_per_step"] != by[scheme, impl]["bytes_on_paper"]:
                 print(f"    {impl}: bytes counted {by[scheme, impl]['bytes_per_step']:.0f} differ from "
-                      f"dist_sgd.compress.values_sent {by[scheme, impl]['bytes_on_paper']:.0f}")
+                      f"dist_sgd.ddp.compress.values_sent {by[scheme, impl]['bytes_on_paper']:.0f}")
     print("targets (issue 11):")
     print("  our DDP + our hook vs torch DDP + torch's hook, same hook settings: <= 1.05x step time;"
           " measured: " + ", ".join(f"{s} {r:.2f}x" for s, r in ratios.items()))

@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 from dist_sgd.bench import common
 from dist_sgd.bench.steps import DEFAULTS, batch, build, make_step
-from dist_sgd.launch import launch
-from dist_sgd.timing import summarize, time_alternating
+from dist_sgd.plumbing.launch import launch
+from dist_sgd.plumbing.timing import summarize, time_alternating
 
 SWEEP_CAPS = (0, 0.01, 1, 25, None)  # BigNet: 8, 3, 2, 1 and 1 buckets; None = one bucket
 SPEED = ("single process", "average_gradients", "average_gradients, flat", "per-parameter hooks")

@@ -1,6 +1,6 @@
 """Figure 2: point-to-point latency and bandwidth by message size, and the fitted alpha, beta.
 
-Ranks 0 and 1 play ping-pong (dist_sgd.p2p.ping_pong): one-way time = half a round trip.
+Ranks 0 and 1 play ping-pong (dist_sgd.comm.p2p.ping_pong): one-way time = half a round trip.
 A line t = alpha + beta * n through those times is the whole alpha-beta model: alpha, the
 latency of one message, dominates small messages; beta = 1 / bandwidth dominates big ones.
 figure 6 (atscale) reuses this fit for "this machine's" network.
@@ -8,8 +8,8 @@ figure 6 (atscale) reuses this fit for "this machine's" network.
 import numpy as np
 
 from dist_sgd.bench import common
-from dist_sgd.costmodel import bandwidth, fit_alpha_beta, human_bytes
-from dist_sgd.launch import launch
+from dist_sgd.scale.costmodel import bandwidth, fit_alpha_beta, human_bytes
+from dist_sgd.plumbing.launch import launch
 
 NAME = "p2p"
 
@@ -20,7 +20,7 @@ def sizes(quick):
 
 
 def _worker(rank, world_size, sizes_bytes, repeats):
-    from dist_sgd.p2p import ping_pong
+    from dist_sgd.comm.p2p import ping_pong
 
     return ping_pong(sizes_bytes, repeats)
 

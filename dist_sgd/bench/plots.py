@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from dist_sgd.bench import common  # noqa: E402
-from dist_sgd.costmodel import human_bytes  # noqa: E402,F401 - tick labels, tables
+from dist_sgd.scale.costmodel import human_bytes  # noqa: E402,F401 - tick labels, tables
 
 COLORS = {"naive": "tab:gray", "tree": "tab:green", "ring": "tab:blue", "ring_pipelined": "tab:cyan",
           "halving_doubling": "tab:purple", "gloo": "tab:red", "parameter_server": "tab:brown",

@@ -3,7 +3,7 @@
 - call_when_backward_ends(fn): autograd's engine calls fn once the backward pass is over.
 - start_all_reduce(tensor, all_reduce): an all-reduce that runs while backward goes on,
   returned as a torch.futures.Future, for torch's dist.all_reduce and for a hand-written,
-  blocking one such as dist_sgd.collectives.all_reduce.
+  blocking one such as dist_sgd.comm.collectives.all_reduce.
 - GradBucket: what a communication hook sees of one bucket, with the methods of torch's
   torch.distributed.GradBucket, so torch's own hooks (allreduce_hook, fp16_compress_hook,
   powerSGD_hook) run on our DistributedDataParallel unchanged.

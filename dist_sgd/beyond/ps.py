@@ -13,7 +13,7 @@
 
 The parameters are one flat vector cut into contiguous shards, one per server (Downpour SGD,
 Dean et al. 2012), so every server moves and updates only its share. Each server steps its
-shard with dist_sgd.optim.SGD, elementwise, as an optimizer would step the whole model.
+shard with dist_sgd.sgd.optim.SGD, elementwise, as an optimizer would step the whole model.
 
 mode="sync": a server waits for a gradient from every worker, averages them, steps once and
   sends the new weights to all: all-reduce SGD, computed in one place (equal within rounding).
@@ -38,8 +38,8 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from dist_sgd.launch import device
-from dist_sgd.optim import SGD
+from dist_sgd.plumbing.rank import device
+from dist_sgd.sgd.optim import SGD
 
 GRAD, DONE = 0, 1
 HEADER_TAG, DATA_TAG = 11, 12

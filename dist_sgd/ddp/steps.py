@@ -15,7 +15,7 @@ while earlier layers' gradients are still being computed. One message per parame
 many small messages each pay the network's start-up latency. And it assumes every rank
 produces every gradient, in the same order: a parameter unused on one rank only makes the
 ranks pair up different all-reduces (an error, or a hang until the timeout).
-Step 3, dist_sgd.ddp.DistributedDataParallel: the same hooks, but gradients are packed into
+Step 3, dist_sgd.ddp.ddp.DistributedDataParallel: the same hooks, but gradients are packed into
 buckets of ~25 MiB, launched strictly in bucket order, and unused parameters are flushed at the
 end of backward: fewer, larger messages, still overlapped, and no hang.
 """
@@ -25,8 +25,8 @@ import weakref
 import torch.distributed as dist
 import torch.nn as nn
 
-from .ddp_hooks import call_when_backward_ends, start_all_reduce
-from .sync import average_gradients, broadcast_parameters
+from dist_sgd.ddp.hooks import call_when_backward_ends, start_all_reduce
+from dist_sgd.sgd.sync import average_gradients, broadcast_parameters
 
 
 class NaiveDDP(nn.Module):

@@ -9,8 +9,8 @@ unchanged), reused by lesson 04 and the benchmark.
 import torch
 import torch.distributed as dist
 
-from dist_sgd.launch import device
-from dist_sgd.timing import summarize, time_alternating
+from dist_sgd.plumbing.rank import device
+from dist_sgd.plumbing.timing import summarize, time_alternating
 
 
 def ping_pong(sizes_bytes, repeats=10, warmup=2, min_sample_seconds=5e-3):
@@ -22,7 +22,7 @@ def ping_pong(sizes_bytes, repeats=10, warmup=2, min_sample_seconds=5e-3):
     dict per size: {"bytes", "seconds" (one-way, median), "min", "max", "bandwidth" (bytes/s,
     from the median)}.
 
-    Timing goes through dist_sgd.timing.time_alternating with one candidate per message size:
+    Timing goes through dist_sgd.plumbing.timing.time_alternating with one candidate per message size:
     sizes are interleaved, so a burst of load on this shared machine hits every size, not one.
     Each sample starts after a barrier, whose exit can be skewed between ranks by about one
     message latency; to keep that out of the numbers, a sample repeats the round trip until

@@ -309,10 +309,10 @@ def values_sent(shapes, scheme, rank=1, min_compression_rate=2):
 
 def predict_compressed_step(compute_s, shapes, world_size, scheme, alpha, beta, rank=1,
                             compress_s=0.0):
-    """The cost model (dist_sgd.costmodel) with compression: seconds per step on a network
+    """The cost model (dist_sgd.scale.costmodel) with compression: seconds per step on a network
     (alpha, beta), ring all-reduce, no overlap: compute + compression work + every all-reduce
     of values_sent (PowerSGD pays three latencies where plain all-reduce pays one)."""
-    from dist_sgd.costmodel import predict_all_reduce
+    from dist_sgd.scale.costmodel import predict_all_reduce
 
     comm = sum(predict_all_reduce("ring", values * width, world_size, alpha, beta)
                for values, width in values_sent(shapes, scheme, rank))

@@ -34,18 +34,17 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from dist_sgd.plumbing.rank import SPAWNED, default_backend, rank as _rank, under_torchrun
+
 # Lessons and tests never need more than this for one operation; real jobs pass their own.
 DEFAULT_TIMEOUT = float(os.environ.get("DIST_SGD_TIMEOUT", 120))
 INIT_METHODS = ("env", "tcp", "file")
 START_METHODS = ("forkserver", "spawn")  # "fork" would copy this process's torch state
-# launch() marks the environment it gives its own ranks, so that RANK / WORLD_SIZE it set
-# are never mistaken for a launcher's (a rank that calls launch() again spawns afresh).
-SPAWNED = "DIST_SGD_SPAWNED"
 # torchrun's per-process variables: describe *its* job, so they are not passed on to ours.
 _LAUNCHER_VARS = ("GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE")
 _WAIT_FOR_PEERS = datetime.timedelta(days=30)  # "as long as they work": the launcher watches
 _TORCH_DISTRIBUTED = os.path.dirname(dist.__file__) + os.sep
-_OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # dist_sgd/
 
 
 class RankError(RuntimeError):
@@ -56,53 +55,6 @@ class RankError(RuntimeError):
         super().__init__(message)
         self.rank = rank
         self.tracebacks = dict(tracebacks or {})
-
-
-def under_torchrun():
-    """True when a launcher (torchrun, or a cluster's) already made this process one rank."""
-    env = os.environ
-    return SPAWNED not in env and all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
-                                                         "MASTER_PORT"))
-
-
-def default_backend(local_world_size=1):
-    """NCCL when every local rank can have a GPU of its own, gloo otherwise."""
-    n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if n_gpus >= (local_world_size or 1) and dist.is_nccl_available():
-        return "nccl"
-    return "gloo"
-
-
-def device():
-    """The device this rank computes on: its own GPU under NCCL, the CPU under gloo."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    return torch.device("cpu")
-
-
-def _rank():
-    """This process's rank: from the group; else from RANK when a launcher (or launch) set it
-    (a rank before or after its group exists); else 0 (a plain process)."""
-    if dist.is_initialized():
-        return dist.get_rank()
-    return int(os.environ["RANK"]) if under_torchrun() or SPAWNED in os.environ else 0
-
-
-def log(*args, **kwargs):
-    """print() from rank 0 only (or from a process that is no rank, like the launcher)."""
-    if _rank() == 0:
-        print(*args, **kwargs, flush=True)
-
-
-def rank_print(*args, **kwargs):
-    """print() from every rank, prefixed with [rank r]: for output that differs per rank."""
-    rank = _rank()
-    sep, end = kwargs.pop("sep", " "), kwargs.pop("end", "\n")
-    # One write per line, newline included: ranks share the terminal, and print() writes the
-    # text and the newline separately, so two ranks' lines could run together.
-    file = kwargs.pop("file", None) or sys.stdout
-    file.write(sep.join([f"[rank {rank}]"] + [str(a) for a in args]) + end)
-    file.flush()
 
 
 def free_port():
@@ -215,7 +167,7 @@ def _context():
     if method == "forkserver":
         # torch._dynamo too: torch's optimizers and DDP import it on first use, 3-4 s of CPU in
         # every rank of every launch; imported once here, it starts no thread.
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "dist_sgd.launch"])
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "dist_sgd.plumbing.launch"])
     return ctx
 
 

@@ -32,10 +32,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from .allreduce import (ALGORITHMS, ALL_REDUCE_ALGORITHMS, ring_all_gather, ring_reduce_scatter,
+from dist_sgd.comm.allreduce import (ALGORITHMS, ALL_REDUCE_ALGORITHMS, ring_all_gather, ring_reduce_scatter,
                         tree_broadcast, tree_reduce)
-from .wire import Link
-from .launch import device
+from dist_sgd.comm.wire import Link
+from dist_sgd.plumbing.rank import device
 
 __all__ = ["broadcast", "reduce", "all_reduce", "all_gather", "gather", "scatter",
            "reduce_scatter", "barrier", "ALL_REDUCE_ALGORITHMS", "ReduceOp"]
@@ -107,7 +107,7 @@ def _finish(op, t, size):
 
 def _world():
     if not dist.is_initialized():
-        raise RuntimeError("no process group: call this inside dist_sgd.launch.launch(...) "
+        raise RuntimeError("no process group: call this inside dist_sgd.plumbing.launch.launch(...) "
                            "or after torch.distributed.init_process_group")
     return dist.get_rank(), dist.get_world_size()
 

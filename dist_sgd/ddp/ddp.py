@@ -35,9 +35,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .ddp_args import check_torch_arguments, single_device, to_device
-from .ddp_hooks import GradBucket, all_reduce_hook, call_when_backward_ends
-from .sync import broadcast_parameters
+from dist_sgd.ddp.arguments import check_torch_arguments, single_device, to_device
+from dist_sgd.ddp.hooks import GradBucket, all_reduce_hook, call_when_backward_ends
+from dist_sgd.sgd.sync import broadcast_parameters
 
 MiB = 1024 * 1024
 
@@ -109,7 +109,7 @@ class BucketedDDP(nn.Module):
             raise TypeError(f"DistributedDataParallel wraps an nn.Module, got {type(module)}")
         if not dist.is_initialized():
             raise RuntimeError("DistributedDataParallel needs a process group: build it inside "
-                               "dist_sgd.launch.launch(...) or a torchrun'd script")
+                               "dist_sgd.plumbing.launch.launch(...) or a torchrun'd script")
         self.module = module
         self.world_size = dist.get_world_size()
         if init_sync:  # everyone starts from rank 0's weights (False: the caller promises it)
@@ -202,7 +202,7 @@ class DistributedDataParallel(BucketedDDP):
     DistributedDataParallel(module, bucket_cap_mb=25.0, all_reduce=None, **torch_arguments):
     bucket_cap_mb None means one bucket (torch: None means its 25 MiB default). all_reduce:
     None for torch.distributed.all_reduce, or a hand-written blocking one with the same
-    in-place signature (dist_sgd.collectives.all_reduce), run on a helper thread. Of torch's
+    in-place signature (dist_sgd.comm.collectives.all_reduce), run on a helper thread. Of torch's
     other arguments, device_ids / output_device (one device, the module's), broadcast_buffers,
     init_sync, find_unused_parameters, static_graph, check_reduction and dim are accepted with
     torch's meaning; the rest raise ValueError naming the argument unless left at torch's default.

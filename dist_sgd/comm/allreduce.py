@@ -17,8 +17,8 @@ receives and sends in one step, the receive is posted first (wire.Link.start say
 """
 import torch
 
-from .ring_pipelined import ring_pipelined
-from .wire import split
+from dist_sgd.comm.ring_pipelined import ring_pipelined
+from dist_sgd.comm.wire import split
 
 TEXTBOOK = ("naive", "tree", "ring", "halving_doubling")
 ALL_REDUCE_ALGORITHMS = TEXTBOOK + ("ring_pipelined",)

@@ -9,7 +9,7 @@ of b items and the loss a mean over the batch, the gradient of the mean loss ove
 batch of R*b items is (1/R) * sum over ranks of (gradient of rank r's mean loss). So: all-reduce
 with SUM, then divide by the world size. torch.distributed can do both in one call
 (ReduceOp.AVG, on NCCL and, in torch 2.14, on gloo), but the tutorial writes the division out,
-our hand-written all_reduce (dist_sgd.collectives) sums, and one code path for both keeps the
+our hand-written all_reduce (dist_sgd.comm.collectives) sums, and one code path for both keeps the
 results of torch's and ours identical: SUM, then divide, here.
 
 Which parameters take part: those with requires_grad=True whose .grad is not None. Frozen
@@ -30,7 +30,7 @@ import torch.nn as nn
 def _world_size():
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("average_gradients / broadcast_parameters need a process group: run "
-                           "inside dist_sgd.launch.launch(...) or under torchrun")
+                           "inside dist_sgd.plumbing.launch.launch(...) or under torchrun")
     return dist.get_world_size()
 
 
@@ -78,7 +78,7 @@ def average_gradients(model, flat=False, all_reduce=None):
     it once and copy the results back: one message start-up cost instead of one per tensor,
     at the price of two copies - the idea DDP's buckets refine.
     all_reduce: None for torch.distributed.all_reduce, or any function with the same in-place
-    signature, e.g. dist_sgd.collectives.all_reduce.
+    signature, e.g. dist_sgd.comm.collectives.all_reduce.
     """
     world_size = _world_size()
     all_reduce = all_reduce or dist.all_reduce
@@ -105,7 +105,7 @@ def broadcast_parameters(model, src=0, broadcast=None):
 
     Ranks that initialize their models from different seeds start from the same weights
     after this; it is what DDP does at construction. Returns the number of tensors sent.
-    broadcast: None for torch.distributed.broadcast, or e.g. dist_sgd.collectives.broadcast.
+    broadcast: None for torch.distributed.broadcast, or e.g. dist_sgd.comm.collectives.broadcast.
     A model that differs from rank src's (other shapes, other tensors) raises ValueError on
     every rank, instead of a hang or a garbled broadcast.
     """

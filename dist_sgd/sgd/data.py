@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from dist_sgd.launch import log
+from dist_sgd.plumbing.rank import log
 
 NAMES = ("auto", "mnist", "fashion-mnist", "synthetic")
 LABELS = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST", "synthetic": "synthetic"}

@@ -1,7 +1,7 @@
 """Recovery from a live peer, by hand (the idea of torchft): no restart, no checkpoint read.
 
 When a rank dies, synchronous SGD cannot just re-assign its work: every step needs every
-rank. Checkpoint-restart (dist_sgd.checkpoint + torchrun --max-restarts) stops everyone, starts
+rank. Checkpoint-restart (dist_sgd.faults.checkpoint + torchrun --max-restarts) stops everyone, starts
 everyone again and recomputes the steps since the last checkpoint. Here instead:
 
 1. The survivors keep their state in memory. Their next collective fails (the dead rank's
@@ -34,7 +34,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from dist_sgd.launch import _context, free_port
+from dist_sgd.plumbing.launch import _context, free_port
 
 
 class PeerGroup:

@@ -1,6 +1,6 @@
 """Several "nodes" on one machine: network namespaces joined by a switch, links of a chosen speed.
 
-    sudo python -m dist_sgd.cluster --nodes 2 --rate 1gbit -- \\
+    sudo python -m dist_sgd.scale.cluster --nodes 2 --rate 1gbit -- \\
         'torchrun --nnodes $NNODES --node-rank $NODE_RANK --nproc-per-node 1 \\
                   --master-addr $MASTER_ADDR --master-port $MASTER_PORT lessons/07_ddp_from_scratch.py'
 
@@ -81,12 +81,12 @@ def privilege_problem():
     """None when namespaces can be made here, else one sentence saying what is missing."""
     missing = [tool for tool in ("ip", "tc", "unshare") if shutil.which(tool) is None]
     if missing:
-        return (f"dist_sgd.cluster needs iproute2's `ip` and `tc` and util-linux's `unshare`; "
+        return (f"dist_sgd.scale.cluster needs iproute2's `ip` and `tc` and util-linux's `unshare`; "
                 f"missing: {', '.join(missing)}.")
     probe = f"{PREFIX}{os.getpid()}probe"
     made = _sh("ip", "netns", "add", probe, check=False)
     if made.returncode != 0:
-        return ("dist_sgd.cluster needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) to create network "
+        return ("dist_sgd.scale.cluster needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) to create network "
                 "namespaces: run it with sudo, or in a container started with --privileged "
                 f"(ip netns add said: {made.stderr.strip()}).")
     _sh("ip", "netns", "del", probe, check=False)
@@ -387,9 +387,9 @@ def _failure_message(codes, order):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m dist_sgd.cluster", description=__doc__.splitlines()[0],
+        prog="python -m dist_sgd.scale.cluster", description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example:\n  python -m dist_sgd.cluster --nodes 2 --rate 1gbit -- "
+        epilog="example:\n  python -m dist_sgd.scale.cluster --nodes 2 --rate 1gbit -- "
                "'torchrun --nnodes $NNODES --node-rank $NODE_RANK --nproc-per-node 1 "
                "--master-addr $MASTER_ADDR --master-port $MASTER_PORT lessons/03_collectives.py'")
     parser.add_argument("--nodes", type=int, default=2, help="how many nodes (default 2)")

@@ -12,7 +12,7 @@ import platform
 
 import torch
 
-DEFAULT_FOLDER = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "figures"))
+DEFAULT_FOLDER = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "figures"))
 
 
 def folder():

@@ -18,7 +18,7 @@ Every message is still at most one chunk (~n/p), and receives are posted before 
 import torch
 import torch.distributed as dist
 
-from .wire import split
+from dist_sgd.comm.wire import split
 
 
 # Big messages travel in segments of SEGMENT_BYTES, so that reducing (and passing on) one

@@ -11,8 +11,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
-from .launch import device
-from .partition import ShardSampler
+from dist_sgd.plumbing.rank import device
+from dist_sgd.sgd.partition import ShardSampler
 
 
 def _group():

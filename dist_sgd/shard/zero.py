@@ -24,14 +24,14 @@ Two communication schemes (scheme=...), N = the bytes of all gradients:
       largest: the bytes counted include the padding.
 
 Gradients already averaged (reduce_gradients=False): under our DistributedDataParallel, or
-after dist_sgd.sync.average_gradients, every rank already holds the averaged gradient of every
+after dist_sgd.sgd.sync.average_gradients, every rank already holds the averaged gradient of every
 parameter. Reducing again would be wrong twice over: an all-reduce sums p copies of the mean
 (p times too large unless divided again) and costs 2(p-1)/p N for nothing. So then both schemes
 skip the gradient step and only share the parameters (broadcast or all-gather): the same
 (p-1)/p N either way, on top of the 2(p-1)/p N the DDP all-reduce spent, i.e. 1.5x. DeepSpeed's
 1.0x needs the optimizer to own the gradient communication: reduce_gradients=True, no DDP.
 
-collectives="torch" uses torch.distributed's; "ours" dist_sgd.collectives' (from send/recv).
+collectives="torch" uses torch.distributed's; "ours" dist_sgd.comm.collectives' (from send/recv).
 Every rank must see the same parameters in the same order, and the same parameters without a
 gradient (as for average_gradients). Parameters with requires_grad=False when they are handed
 over belong to no shard (an optimizer never updates them); to train them later, add them with
@@ -40,8 +40,8 @@ add_param_group. All trainable parameters must share one dtype and device (one f
 import torch
 import torch.distributed as dist
 
-from . import collectives as ours
-from .sync import average_gradients, gradients_to_sync
+from dist_sgd.comm import collectives as ours
+from dist_sgd.sgd.sync import average_gradients, gradients_to_sync
 
 SCHEMES = ("broadcast", "all_gather")
 COLLECTIVES = {"torch": dist, "ours": ours}  # the same in-place signatures
@@ -98,7 +98,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"collectives must be one of {tuple(COLLECTIVES)}, got {collectives!r}")
         if not dist.is_initialized():
             raise RuntimeError("ShardedOptimizer needs a process group: run inside "
-                               "dist_sgd.launch.launch(...) or under torchrun")
+                               "dist_sgd.plumbing.launch.launch(...) or under torchrun")
         self.scheme, self.comm, self.reduce_gradients = scheme, COLLECTIVES[collectives], reduce_gradients
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.owners, self.loads, self.comm_log = [], [0] * self.world_size, []

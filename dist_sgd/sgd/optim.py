@@ -35,7 +35,7 @@ def _check(group):
         raise ValueError("Nesterov momentum requires a momentum and zero dampening")
     for option in UNSUPPORTED:
         if group.get(option):
-            raise ValueError(f"dist_sgd.optim.SGD does not implement {option}=True: "
+            raise ValueError(f"dist_sgd.sgd.optim.SGD does not implement {option}=True: "
                              f"{UNSUPPORTED[option]}")
 
 

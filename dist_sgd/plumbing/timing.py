@@ -10,7 +10,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .launch import device
+from dist_sgd.plumbing.rank import device
 
 
 def _sync():

@@ -1,0 +1,9 @@
+"""The plumbing: what every lesson stands on, and no lesson is about. Read it last.
+
+    launch      run fn(rank, world_size, *args) on N ranks (spawned here, or under torchrun);
+                timeouts, the failing rank named, max_restarts; lesson_parser (the flags)
+    rank        rank(), world(), device(), log (rank 0 prints), rank_print ([rank r])
+    check       max_diff and the check line every lesson prints
+    timing      time_alternating: A B A B ..., medians, the slowest rank per sample
+    figures     the figures' CSVs (read, write, where)
+"""
