@@ -188,7 +188,7 @@ def test_distributed_gradients_equal_single_process(world_size):
 
 def test_errors_outside_a_group_and_bad_batches():
     model = MLP()
-    with pytest.raises(RuntimeError, match="need a process group"):
+    with pytest.raises(RuntimeError, match="needs a process group"):
         average_gradients(model)
     with pytest.raises(ValueError, match="does not divide evenly over 3 ranks"):
         per_rank_batch(64, 3)

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dist_sgd.scale import costmodel
 from dist_sgd.bench import common
 from dist_sgd.plumbing.timing import summarize, time_alternating
+from dist_sgd.scale import costmodel
 
 NAME = "allreduce"
 GOALS = {2: 1.0, 4: 1.25}  # our target: a ring / gloo, for messages >= 1 MiB

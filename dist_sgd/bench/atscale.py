@@ -22,11 +22,11 @@ several GPUs per node sharing one card does not change the ring's per-link bytes
 """
 import torch
 
-from dist_sgd.scale import costmodel
-from dist_sgd.sgd import models
 from dist_sgd.bench import common, p2p
 from dist_sgd.bench.steps import batch, build, make_step
 from dist_sgd.plumbing.timing import summarize, time_alternating
+from dist_sgd.scale import costmodel
+from dist_sgd.sgd import models
 
 NAME = "atscale"
 WORKERS = [2 ** k for k in range(11)]  # 1 .. 1024

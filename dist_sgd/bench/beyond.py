@@ -24,13 +24,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from dist_sgd.beyond import ps
 from dist_sgd.bench import common
+from dist_sgd.beyond import ps
+from dist_sgd.beyond.hogwild import hogwild
+from dist_sgd.beyond.local_sgd import LocalSGD
+from dist_sgd.plumbing.launch import launch
 from dist_sgd.scale.costmodel import predict_all_reduce
 from dist_sgd.sgd.data import get_dataset
-from dist_sgd.beyond.hogwild import hogwild
-from dist_sgd.plumbing.launch import launch
-from dist_sgd.beyond.local_sgd import LocalSGD
 from dist_sgd.sgd.models import Net, init_weights
 from dist_sgd.sgd.train import evaluate, per_rank_batch
 

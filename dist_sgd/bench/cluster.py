@@ -20,10 +20,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dist_sgd.scale import cluster
-from dist_sgd.scale import costmodel
 from dist_sgd.bench import common
 from dist_sgd.plumbing.timing import summarize, time_alternating
+from dist_sgd.scale import cluster, costmodel
 
 NAME = "cluster"
 NODES, RATE = 2, "1gbit"

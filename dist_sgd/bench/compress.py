@@ -34,14 +34,14 @@ import torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook as torch_powers
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-from dist_sgd.scale import cluster
-from dist_sgd.ddp import compress
 from dist_sgd.bench import common
-from dist_sgd.scale.costmodel import human_bytes
+from dist_sgd.ddp import compress
 from dist_sgd.ddp.ddp import DistributedDataParallel
 from dist_sgd.plumbing.launch import launch
-from dist_sgd.sgd.models import BigNet, Net, init_weights
 from dist_sgd.plumbing.timing import summarize, time_alternating
+from dist_sgd.scale import cluster
+from dist_sgd.scale.costmodel import human_bytes
+from dist_sgd.sgd.models import BigNet, Net, init_weights
 
 NAME = "compress"
 SCHEMES = {"none": 0, "fp16": 0, "PowerSGD rank 1": 1, "PowerSGD rank 2": 2, "PowerSGD rank 4": 4}

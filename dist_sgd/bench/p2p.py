@@ -8,8 +8,8 @@ figure 6 (atscale) reuses this fit for "this machine's" network.
 import numpy as np
 
 from dist_sgd.bench import common
-from dist_sgd.scale.costmodel import bandwidth, fit_alpha_beta, human_bytes
 from dist_sgd.plumbing.launch import launch
+from dist_sgd.scale.costmodel import bandwidth, fit_alpha_beta, human_bytes
 
 NAME = "p2p"
 

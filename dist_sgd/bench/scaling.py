@@ -16,10 +16,10 @@ the processes take turns on the CPU, so no speed-up is possible (marked "oversub
 """
 import os
 
-from dist_sgd.sgd import models
 from dist_sgd.bench import common
 from dist_sgd.bench.steps import batch, build, make_steps
 from dist_sgd.plumbing.timing import summarize, time_alternating
+from dist_sgd.sgd import models
 
 NAME = "scaling"
 STRATEGIES = ("average_gradients", "our DDP", "torch DDP")

@@ -20,9 +20,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-from dist_sgd.sgd import models
 from dist_sgd.ddp.ddp import DistributedDataParallel
 from dist_sgd.ddp.steps import HookDDP, NaiveDDP
+from dist_sgd.sgd import models
 
 STRATEGIES = ("single process", "average_gradients", "average_gradients, flat",
               "per-parameter hooks", "our DDP", "torch DDP")

@@ -18,9 +18,9 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from dist_sgd.bench import common
 from dist_sgd.plumbing.launch import launch
+from dist_sgd.plumbing.timing import summarize, time_alternating
 from dist_sgd.sgd.models import BigNet
 from dist_sgd.sgd.sync import average_gradients
-from dist_sgd.plumbing.timing import summarize, time_alternating
 from dist_sgd.shard.zero import ShardedOptimizer, wire_bytes
 
 NAME = "zero"

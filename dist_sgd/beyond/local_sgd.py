@@ -24,29 +24,20 @@ the average: plain local SGD again.
 import torch
 import torch.distributed as dist
 
-
-def _world_size(group):
-    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+from dist_sgd.comm.flat import copy_back, flatten, views
+from dist_sgd.plumbing.rank import world
 
 
 def average_parameters(params, group=None):
     """Replace every parameter by its mean over the ranks: one all-reduce of a flat copy."""
     params = list(params)
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    world_size = _world_size(group)
+    flat = flatten(params)
+    world_size = world(group=group)[1]
     if world_size > 1:
         dist.all_reduce(flat, group=group)
         flat /= world_size
-    _unflatten(flat, params)
+    copy_back(flat, params)
     return flat
-
-
-@torch.no_grad()
-def _unflatten(flat, params):
-    offset = 0
-    for p in params:
-        p.copy_(flat[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()
 
 
 class LocalSGD:
@@ -66,7 +57,7 @@ class LocalSGD:
         self.params = [p for p in params if p.requires_grad]
         self.period, self.warmup_steps, self.group = period, warmup_steps, group
         self.counter, self.syncs = 0, 0
-        p, n = _world_size(group), sum(q.numel() * q.element_size() for q in self.params)
+        p, n = world(group=group)[1], sum(q.numel() * q.element_size() for q in self.params)
         self.bytes_per_sync = 2 * (p - 1) / p * n
         self.outer = None
         if outer_lr is not None:
@@ -89,10 +80,8 @@ class LocalSGD:
         self.syncs += 1
         if self.outer is None:
             return
-        offset = 0
-        for a in self.anchor:  # outer gradient: how far the average moved away from the anchor
-            a.grad = a.detach() - average[offset:offset + a.numel()].view_as(a)
-            offset += a.numel()
+        for a, mean in zip(self.anchor, views(average, self.anchor)):
+            a.grad = a.detach() - mean  # outer gradient: how far the average moved from the anchor
         self.outer.step()
         for p, a in zip(self.params, self.anchor):  # every rank restarts from the new anchor
             p.copy_(a)

@@ -38,6 +38,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
+from dist_sgd.comm.flat import copy_back, flatten
 from dist_sgd.plumbing.rank import device
 from dist_sgd.sgd.optim import SGD
 
@@ -77,7 +78,7 @@ def _params(model):
 
 
 def flat_weights(model):
-    return torch.cat([p.detach().reshape(-1) for p in _params(model)])
+    return flatten(_params(model))
 
 
 def flat_gradients(model):
@@ -226,10 +227,7 @@ class Worker:
         for work in works:
             work.wait()
         self.bytes_received += flat.numel() * flat.element_size() + headers.numel() * 8
-        offset = 0
-        for p in _params(self.model):
-            p.copy_(flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        copy_back(flat, _params(self.model))
         self.version = int(headers[:, 0].min())
         return bool(headers[:, 1].min())
 

@@ -35,7 +35,7 @@ from torch.distributed import ReduceOp
 from dist_sgd.comm.allreduce import (ALGORITHMS, ALL_REDUCE_ALGORITHMS, ring_all_gather, ring_reduce_scatter,
                         tree_broadcast, tree_reduce)
 from dist_sgd.comm.wire import Link
-from dist_sgd.plumbing.rank import device
+from dist_sgd.plumbing.rank import device, world
 
 __all__ = ["broadcast", "reduce", "all_reduce", "all_gather", "gather", "scatter",
            "reduce_scatter", "barrier", "ALL_REDUCE_ALGORITHMS", "ReduceOp"]
@@ -103,13 +103,6 @@ def _finish(op, t, size):
     bytes by the same number, so ranks still agree bit for bit)."""
     if _op_name(op) == "AVG":
         t.div_(size)
-
-
-def _world():
-    if not dist.is_initialized():
-        raise RuntimeError("no process group: call this inside dist_sgd.plumbing.launch.launch(...) "
-                           "or after torch.distributed.init_process_group")
-    return dist.get_rank(), dist.get_world_size()
 
 
 def _check_tensor(t, name):
@@ -181,7 +174,7 @@ def _same_everywhere(what, tensor):
 def broadcast(tensor, src=0):
     """Copy src's tensor into everyone's `tensor`, down a binomial tree (log2(p) rounds)."""
     _check_tensor(tensor, "tensor")
-    rank, size = _world()
+    rank, size = world("dist_sgd.comm.collectives")
     _check_rank(src, "src", size)
     _same_everywhere("broadcast", tensor)
     flat = _flat(tensor)
@@ -198,7 +191,7 @@ def reduce(tensor, dst=0, op=ReduceOp.SUM):
     """
     _check_tensor(tensor, "tensor")
     fn = reducer(op, tensor.dtype)
-    rank, size = _world()
+    rank, size = world("dist_sgd.comm.collectives")
     _check_rank(dst, "dst", size)
     _same_everywhere("reduce", tensor)
     flat = _flat(tensor)
@@ -221,7 +214,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, algorithm="ring", trace=None):
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; "
                          f"choose one of {', '.join(ALL_REDUCE_ALGORITHMS)}")
-    rank, size = _world()
+    rank, size = world("dist_sgd.comm.collectives")
     _same_everywhere("all_reduce", tensor)
     if size == 1:
         return  # nothing to combine (and AVG of one tensor is itself)
@@ -239,7 +232,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM):
     """
     _check_tensor(output, "output")
     fn = reducer(op, output.dtype)
-    rank, size = _world()
+    rank, size = world("dist_sgd.comm.collectives")
     _check_list(input_list, "input_list", output, size)
     _same_everywhere("reduce_scatter", output)
     n = output.numel()
@@ -255,7 +248,7 @@ def all_gather(tensor_list, tensor):
     """Everyone's tensor into everyone's tensor_list (entry i from rank i): the ring's second
     phase, receiving straight into the list's tensors when they are contiguous."""
     _check_tensor(tensor, "tensor")
-    rank, size = _world()
+    rank, size = world("dist_sgd.comm.collectives")
     _check_list(tensor_list, "tensor_list", tensor, size)
     _same_everywhere("all_gather", tensor)
     chunks = [_flat(t) for t in tensor_list]
@@ -269,7 +262,7 @@ def all_gather(tensor_list, tensor):
 def gather(tensor, gather_list=None, dst=0):
     """Everyone's tensor into dst's gather_list (entry i from rank i); others pass None."""
     _check_tensor(tensor, "tensor")
-    rank, size = _world()
+    rank, size = world("dist_sgd.comm.collectives")
     _check_rank(dst, "dst", size)
     link = Link("gather")
     if rank != dst:
@@ -292,7 +285,7 @@ def gather(tensor, gather_list=None, dst=0):
 def scatter(tensor, scatter_list=None, src=0):
     """src's scatter_list[i] into rank i's tensor; others pass None."""
     _check_tensor(tensor, "tensor")
-    rank, size = _world()
+    rank, size = world("dist_sgd.comm.collectives")
     _check_rank(src, "src", size)
     link = Link("scatter")
     if rank != src:
@@ -318,7 +311,7 @@ def barrier():
     In round k every rank signals the rank 2^k ahead and waits for the one 2^k behind;
     after ceil(log2(p)) rounds each rank has heard, indirectly, from all the others.
     """
-    rank, size = _world()
+    rank, size = world("dist_sgd.comm.collectives")
     # The token must live where the backend can send it: this rank's GPU under NCCL.
     token, got = torch.zeros(1, device=device()), torch.empty(1, device=device())
     link, dist_k, step = Link("barrier"), 1, 0

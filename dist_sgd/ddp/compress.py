@@ -27,6 +27,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dist_sgd.comm.flat import copy_back, flatten, views
+
 
 def _group(process_group):
     return process_group if process_group is not None else dist.group.WORLD
@@ -204,10 +206,7 @@ def powerSGD_hook(state, bucket):
 
     def vectors_done_send_ps(f):
         averaged = f.value()[0].div_(world_size)
-        at = 0
-        for v in vectors:
-            v.copy_(averaged[at:at + v.numel()].view_as(v))
-            at += v.numel()
+        copy_back(averaged, vectors)
         # Sum (not average) of the P's: P is orthogonalized next, which undoes any scale.
         return dist.all_reduce(state.p_memory_dict[index], group=group, async_op=True) \
             .get_future().wait()[0]
@@ -245,11 +244,8 @@ class FlatBucket:
     .gradients() hold the averaged gradients."""
 
     def __init__(self, gradients, index=0, is_last=True):
-        self._buffer = torch.cat([g.detach().reshape(-1) for g in gradients])
-        self._views, at = [], 0
-        for g in gradients:
-            self._views.append(self._buffer[at:at + g.numel()].view_as(g))
-            at += g.numel()
+        self._buffer = flatten(gradients)
+        self._views = views(self._buffer, gradients)
         self._index, self._last = index, is_last
 
     def buffer(self):

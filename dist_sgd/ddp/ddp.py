@@ -35,8 +35,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from dist_sgd.comm.flat import views
 from dist_sgd.ddp.arguments import check_torch_arguments, single_device, to_device
 from dist_sgd.ddp.hooks import GradBucket, all_reduce_hook, call_when_backward_ends
+from dist_sgd.plumbing.rank import world
 from dist_sgd.sgd.sync import broadcast_parameters
 
 MiB = 1024 * 1024
@@ -73,10 +75,7 @@ class Bucket:
         self.index, self.params, self.names = index, params, names
         self.numel = sum(p.numel() for p in params)
         self.flat = torch.zeros(self.numel, dtype=params[0].dtype, device=params[0].device)
-        self.views, offset = [], 0  # views[j]: params[j]'s slice of flat, shaped like it
-        for p in params:
-            self.views.append(self.flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        self.views = views(self.flat, params)  # views[j]: params[j]'s slice of flat
         self.nbytes = self.numel * params[0].element_size()
         self.reset()
 
@@ -107,11 +106,8 @@ class BucketedDDP(nn.Module):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"DistributedDataParallel wraps an nn.Module, got {type(module)}")
-        if not dist.is_initialized():
-            raise RuntimeError("DistributedDataParallel needs a process group: build it inside "
-                               "dist_sgd.plumbing.launch.launch(...) or a torchrun'd script")
+        _, self.world_size = world("DistributedDataParallel")
         self.module = module
-        self.world_size = dist.get_world_size()
         if init_sync:  # everyone starts from rank 0's weights (False: the caller promises it)
             broadcast_parameters(module, src=0)
         # module.named_parameters() yields a tied (shared) Parameter once: reduced once.
@@ -182,10 +178,8 @@ class BucketedDDP(nn.Module):
             self._in_backward = False
 
     def _write_grads(self, bucket, averaged):
-        offset = 0
-        for p in bucket.params:
-            self._write_grad(p, averaged[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        for p, mean in zip(bucket.params, views(averaged, bucket.params)):
+            self._write_grad(p, mean)
 
     def _write_grad(self, p, mean):
         if p.grad is None:

@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
+from dist_sgd.comm.flat import views
+
 
 def call_when_backward_ends(callback):
     """Have autograd call `callback` after the last gradient of the running backward pass
@@ -100,11 +102,7 @@ class GradBucket:
         return list(self._params)
 
     def gradients(self):
-        views, offset = [], 0
-        for p in self._params:
-            views.append(self._buffer[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
-        return views
+        return views(self._buffer, self._params)
 
 
 def all_reduce_hook(all_reduce):

@@ -30,13 +30,9 @@ import shutil
 import torch
 import torch.distributed as dist
 
+from dist_sgd.plumbing.rank import world
+
 LATEST = "latest"
-
-
-def _rank_and_size():
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def _barrier():
@@ -99,7 +95,7 @@ def step_dir(ckpt_dir, step):
 def save_checkpoint(ckpt_dir, step, model, optimizer=None, sampler_state=None, extra=None,
                     keep=2):
     """Write the checkpoint of `step` (collective: every rank calls it). Returns its folder."""
-    rank, world_size = _rank_and_size()
+    rank, world_size = world()
     folder = step_dir(ckpt_dir, step)
     os.makedirs(folder, exist_ok=True)
     if rank == 0:
@@ -154,7 +150,7 @@ def load_checkpoint(ckpt_dir, model, optimizer=None, restore_rng=True):
     folder = latest_checkpoint(ckpt_dir)
     if folder is None:
         return None
-    rank, world_size = _rank_and_size()
+    rank, world_size = world()
     shared = torch.load(os.path.join(folder, "shared.pt"), map_location="cpu", weights_only=False)
     if shared["world_size"] != world_size:
         raise ValueError(f"checkpoint {folder} was written by {shared['world_size']} ranks; this "

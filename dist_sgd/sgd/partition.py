@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
+from dist_sgd.plumbing.rank import world
 
 
 class Partition(Dataset):
@@ -158,7 +159,7 @@ def check_sharded(loader, world_size=None):
     the data, world_size times the work per epoch. This catches that.
     """
     if world_size is None:
-        world_size = dist.get_world_size() if dist.is_initialized() else 1
+        _, world_size = world()
     if world_size > 1 and not is_sharded(loader):
         kind = type(loader_sampler(loader)).__name__
         raise ValueError(

@@ -26,12 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-
-def _world_size():
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("average_gradients / broadcast_parameters need a process group: run "
-                           "inside dist_sgd.plumbing.launch.launch(...) or under torchrun")
-    return dist.get_world_size()
+from dist_sgd.comm.flat import copy_back, flatten
+from dist_sgd.plumbing.rank import world
 
 
 def _unique(params):
@@ -80,7 +76,7 @@ def average_gradients(model, flat=False, all_reduce=None):
     all_reduce: None for torch.distributed.all_reduce, or any function with the same in-place
     signature, e.g. dist_sgd.comm.collectives.all_reduce.
     """
-    world_size = _world_size()
+    _, world_size = world("average_gradients")
     all_reduce = all_reduce or dist.all_reduce
     grads = gradients_to_sync(model)
     if not flat:
@@ -91,12 +87,9 @@ def average_gradients(model, flat=False, all_reduce=None):
     for g in grads:
         groups.setdefault((g.dtype, g.device), []).append(g)
     for group in groups.values():
-        buffer = torch.cat([g.reshape(-1) for g in group])
+        buffer = flatten(group)
         _reduce_in_place(buffer, all_reduce, world_size)
-        offset = 0
-        for g in group:
-            g.copy_(buffer[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        copy_back(buffer, group)
     return len(groups)
 
 
@@ -109,7 +102,7 @@ def broadcast_parameters(model, src=0, broadcast=None):
     A model that differs from rank src's (other shapes, other tensors) raises ValueError on
     every rank, instead of a hang or a garbled broadcast.
     """
-    world_size = _world_size()
+    _, world_size = world("broadcast_parameters")
     if not 0 <= src < world_size:
         raise ValueError(f"src must be a rank in [0, {world_size - 1}], got {src}")
     broadcast = broadcast or dist.broadcast

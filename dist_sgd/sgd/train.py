@@ -11,15 +11,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
-from dist_sgd.plumbing.rank import device
+from dist_sgd.plumbing.rank import device, world
 from dist_sgd.sgd.partition import ShardSampler
-
-
-def _group():
-    """(rank, world_size), or (0, 1) outside a process group."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def per_rank_batch(global_batch, world_size):
@@ -38,7 +31,7 @@ def per_rank_batch(global_batch, world_size):
 
 def shard_loader(dataset, global_batch, shuffle=True, seed=0, drop_last=False):
     """A DataLoader over this rank's shard (ShardSampler) with the per-rank batch size."""
-    rank, world_size = _group()
+    rank, world_size = world()
     sampler = ShardSampler(dataset, world_size, rank, shuffle=shuffle, seed=seed,
                            drop_last=drop_last)
     return DataLoader(dataset, batch_size=per_rank_batch(global_batch, world_size), sampler=sampler)
@@ -51,7 +44,7 @@ def evaluate(model, dataset, batch_size=1000, loss_fn=F.nll_loss):
     Rank r takes items r, r + R, ... (no padding, so nothing is counted twice) and the sums
     are all-reduced: every rank returns the same {"loss", "correct", "total", "accuracy"}.
     """
-    rank, world_size = _group()
+    rank, world_size = world()
     model.eval()  # dropout off: the test score must not depend on random masks
     dev = device()
     sums = torch.zeros(3, dtype=torch.float64, device=dev)  # loss sum, correct, count
@@ -98,7 +91,7 @@ def flat_parameters(model):
 
 def max_diff_across_ranks(model):
     """max |w_r - w_0| over all ranks r and all weights: 0.0 when the replicas are identical."""
-    _, world_size = _group()
+    _, world_size = world()
     mine = flat_parameters(model).to(device())
     if world_size == 1:
         return 0.0

@@ -41,6 +41,8 @@ import torch
 import torch.distributed as dist
 
 from dist_sgd.comm import collectives as ours
+from dist_sgd.comm.flat import copy_back, flatten
+from dist_sgd.plumbing.rank import world
 from dist_sgd.sgd.sync import average_gradients, gradients_to_sync
 
 SCHEMES = ("broadcast", "all_gather")
@@ -96,11 +98,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
         if collectives not in COLLECTIVES:
             raise ValueError(f"collectives must be one of {tuple(COLLECTIVES)}, got {collectives!r}")
-        if not dist.is_initialized():
-            raise RuntimeError("ShardedOptimizer needs a process group: run inside "
-                               "dist_sgd.plumbing.launch.launch(...) or under torchrun")
+        self.rank, self.world_size = world("ShardedOptimizer")
         self.scheme, self.comm, self.reduce_gradients = scheme, COLLECTIVES[collectives], reduce_gradients
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.owners, self.loads, self.comm_log = [], [0] * self.world_size, []
         self.optim = None  # Optimizer.__init__ calls add_param_group before we can shard
         super().__init__(params, dict(kwargs))
@@ -191,24 +190,24 @@ class ShardedOptimizer(torch.optim.Optimizer):
         chunks = []
         for s in shards:  # rank r's chunk: its parameters' gradients, zeros where none
             chunk = like.new_zeros(size)
-            _pack([p.grad if p.grad is not None else torch.zeros_like(p) for p in s], chunk)
+            flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in s], out=chunk)
             chunks.append(chunk)
         mine = like.new_empty(size)
         self.comm.reduce_scatter(mine, chunks, op=dist.ReduceOp.SUM)
         mine.div_(self.world_size)  # a sum over ranks -> the mean (gloo has no AVG)
         # Every rank skips the same gradient-less parameters (see the module docstring).
-        _unpack(mine, [p.grad for p in shards[self.rank]], like=shards[self.rank])
+        copy_back(mine, [p.grad for p in shards[self.rank]], like=shards[self.rank])
         self.comm_log.append(("reduce_scatter", size * like.element_size() * self.world_size))
 
     def _all_gather_shards(self, shards):
         size, like = self._padded(shards), self._trainable()[0]
         mine = like.new_zeros(size)
-        _pack(shards[self.rank], mine)
+        flatten(shards[self.rank], out=mine)
         gathered = [like.new_empty(size) for _ in shards]
         self.comm.all_gather(gathered, mine)
         for r, s in enumerate(shards):
             if r != self.rank:
-                _unpack(gathered[r], s)
+                copy_back(gathered[r], s)
         self.comm_log.append(("all_gather", size * like.element_size() * self.world_size))
 
     def _broadcast_shards(self, shards):
@@ -280,21 +279,3 @@ class ShardedOptimizer(torch.optim.Optimizer):
             local_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": ids})
         self.optim.load_state_dict({"state": local_state, "param_groups": local_groups})
         self.state = self.optim.state
-
-
-def _pack(tensors, flat):
-    """Copy tensors one after another into the start of the 1-D tensor flat."""
-    offset = 0
-    for t in tensors:
-        flat[offset:offset + t.numel()].copy_(t.reshape(-1))
-        offset += t.numel()
-
-
-def _unpack(flat, tensors, like=None):
-    """The reverse of _pack: flat's elements back into the tensors, in place. A None in
-    tensors (a parameter without a gradient) is skipped; like gives the sizes then."""
-    offset = 0
-    for t, shape in zip(tensors, like or tensors):
-        if t is not None:
-            t.copy_(flat[offset:offset + shape.numel()].view_as(shape))
-        offset += shape.numel()
