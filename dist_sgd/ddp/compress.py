@@ -78,8 +78,8 @@ class PowerSGDState:
             raise ValueError("start_powerSGD_iter must be > 1 with error feedback or warm start: "
                              "DDP may rebuild its buckets after step 1, and memory kept per "
                              "bucket would no longer fit")
-        if isinstance(matrix_approximation_rank, bool) or not isinstance(matrix_approximation_rank, int) \
-                or matrix_approximation_rank < 1:
+        r = matrix_approximation_rank
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
             raise ValueError(f"matrix_approximation_rank must be an integer >= 1, "
                              f"got {matrix_approximation_rank!r}")
         self.process_group = process_group
@@ -189,8 +189,10 @@ def _power_sgd(state, bucket):
     # All P's in one flat tensor, all Q's in another: one all-reduce each, not one per matrix.
     fresh_q = not state.warm_start or index not in state.p_memory_dict
     if fresh_q:
-        state.p_memory_dict[index] = buffer.new_empty(sum(m.shape[0] * r for m, r in zip(matrices, ranks)))
-        state.q_memory_dict[index] = buffer.new_empty(sum(m.shape[1] * r for m, r in zip(matrices, ranks)))
+        state.p_memory_dict[index] = buffer.new_empty(sum(m.shape[0] * r
+                                                          for m, r in zip(matrices, ranks)))
+        state.q_memory_dict[index] = buffer.new_empty(sum(m.shape[1] * r
+                                                          for m, r in zip(matrices, ranks)))
     p_flat, q_flat = state.p_memory_dict[index], state.q_memory_dict[index]
     ps = views(p_flat, [(m.shape[0], r) for m, r in zip(matrices, ranks)])
     qs = views(q_flat, [(m.shape[1], r) for m, r in zip(matrices, ranks)])
@@ -207,8 +209,10 @@ def _power_sgd(state, bucket):
         for q in qs:  # last step's Q, averaged: a better start than a random one
             orthogonalize(q, state.orthogonalization_epsilon)
 
+    # Products with torch.bmm on batches of one, as torch's hook: torch.matmul may pick another
+    # kernel (a matrix-vector product at rank 1) and round the last bit differently.
     for mat, q, p in zip(matrices, qs, ps):
-        torch.matmul(mat, q, out=p)  # P = M Q: this rank's M projected on Q
+        torch.bmm(mat[None], q[None], out=p[None])  # P = M Q: this rank's M projected on Q
 
     flat_vectors = torch.cat([v.view(-1) for v in vectors]) if vectors else buffer.new_empty(0)
     vectors_summed = dist.all_reduce(flat_vectors, group=group, async_op=True).get_future()
@@ -219,7 +223,7 @@ def _power_sgd(state, bucket):
     def ps_done_send_qs():
         for mat, p, q in zip(matrices, ps, qs):
             orthogonalize(p, state.orthogonalization_epsilon)
-            torch.matmul(mat.t(), p, out=q)  # Q = M^T P: the same P on every rank, so summable
+            torch.bmm(mat.t()[None], p[None], out=q[None])  # Q = M^T P: one P everywhere: summable
         qs_summed = dist.all_reduce(q_flat, group=group, async_op=True).get_future()
         torch.futures.collect_all([vectors_summed, qs_summed]).add_done_callback(
             _completing(result, decompress))
@@ -228,7 +232,7 @@ def _power_sgd(state, bucket):
         copy_back(flat_vectors.div_(world_size), vectors)
         q_flat.div_(world_size)  # Q was summed over ranks: average it
         for mat, p, q in zip(matrices, ps, qs):
-            torch.matmul(p, q.t(), out=mat)  # M ~ P Q^T, written straight into the bucket
+            torch.bmm(p[None], q.t()[None], out=mat[None])  # M ~ P Q^T, straight into the bucket
         if torch.cuda.is_available():
             torch.cuda.synchronize(buffer.device)  # P Q^T must be done before we read it back
         if state.use_error_feedback:

@@ -14,7 +14,7 @@ overrides none of its methods), what a training loop written for torch's DDP exp
     register_comm_hook(state, hook) the core's `reduce`: torch's hook contract, GradBucket included
     all_reduce=                     a hand-written all-reduce, as a comm hook on a helper thread
     no_sync()                       the core's `sync`, decided in forward as torch decides it
-    buffers                         rank 0's buffers broadcast before every forward (torch's default)
+    buffers                         rank 0's buffers broadcast before every forward (torch's)
     device_ids / output_device      inputs moved to the module's one device
     .trace                          the core's `on_event`: when each hook, launch, done happened
 
