@@ -681,16 +681,17 @@ def test_torch_powerSGD_hook_on_our_ddp_equals_torch_ddp(world_size, matrix_rank
 # ---- without a process group ----------------------------------------------------------------
 
 def test_bucket_assignment_follows_torch():
-    sizes, keys = [40, 1200, 20, 4000], ["f32"] * 4
-    assert assign_buckets(sizes, keys, [float("inf")]) == [[0, 1, 2, 3]]
-    assert assign_buckets(sizes, keys, [0]) == [[0], [1], [2], [3]]
+    ts = [torch.empty(n // 4) for n in (40, 1200, 20, 4000)]  # bytes, float32
+    mixed = [t.to(dtype) for t, dtype in zip(ts, [torch.float32, torch.float64] * 2)]
+    assert assign_buckets(ts, [float("inf")]) == [[0, 1, 2, 3]]
+    assert assign_buckets(ts, [0]) == [[0], [1], [2], [3]]
     # 1,300-byte cap: 40 + 1200 >= 1300? no; + 20: still no; + 4000 closes: one bucket
-    assert assign_buckets(sizes, keys, [1300]) == [[0, 1, 2, 3]]
-    assert assign_buckets(sizes, keys, [1000]) == [[0, 1], [2, 3]]
+    assert assign_buckets(ts, [1300]) == [[0, 1, 2, 3]]
+    assert assign_buckets(ts, [1000]) == [[0, 1], [2, 3]]
     # the first bucket capped lower than the rest (torch's 1 MiB first bucket)
-    assert assign_buckets(sizes, keys, [30, 5000]) == [[0], [1, 2, 3]]
-    # two dtypes never share a bucket; a key's first bucket is capped on its own
-    assert assign_buckets(sizes, ["a", "b", "a", "b"], [50, 5000]) == [[1], [0, 2], [3]]
+    assert assign_buckets(ts, [30, 5000]) == [[0], [1, 2, 3]]
+    # two dtypes never share a bucket; each dtype's first bucket has the first cap
+    assert assign_buckets(mixed, [50, 5000]) == [[1], [0, 2], [3]]
     assert MiB == 2 ** 20
 
 

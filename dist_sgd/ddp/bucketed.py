@@ -50,16 +50,17 @@ from dist_sgd.sgd.sync import broadcast_parameters
 MiB = 1024 * 1024
 
 
-def assign_buckets(nbytes, keys, caps):
+def assign_buckets(tensors, caps):
     """torch's compute_bucket_assignment_by_size: lists of positions, one list per bucket.
 
-    Walk the tensors in the given order, one open bucket per key (device, dtype: one flat buffer
-    each); a bucket closes once it holds >= its cap, caps[0] for a key's first, then caps[-1]
-    (so one large tensor gets a bucket of its own). Closed buckets first, then the open ones."""
+    Walk the tensors in the given order, one open bucket per (device, dtype) (one flat buffer
+    each); a bucket closes once it holds >= its cap in bytes, caps[0] for the first of its kind,
+    then caps[-1] (so one large tensor gets a bucket of its own). Closed ones first, then open."""
     done, open_, size, closed = [], {}, {}, {}
-    for i, (n, key) in enumerate(zip(nbytes, keys)):
+    for i, t in enumerate(tensors):
+        key = (t.device, t.dtype)
         open_.setdefault(key, []).append(i)
-        size[key] = size.get(key, 0) + n
+        size[key] = size.get(key, 0) + t.numel() * t.element_size()
         if size[key] >= caps[min(closed.get(key, 0), len(caps) - 1)]:
             done.append(open_.pop(key))
             size[key], closed[key] = 0, closed.get(key, 0) + 1
@@ -96,8 +97,7 @@ class BucketedDDP(nn.Module):
         cap = (25 if bucket_cap_mb is None else bucket_cap_mb) * MiB
         self._caps = [dist._DEFAULT_FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap, cap]
         self._rebuild_due = rebuild_buckets
-        groups = assign_buckets(*self._sizes(self._params),
-                                [float("inf")] if rebuild_buckets else self._caps)
+        groups = assign_buckets(self._params, [float("inf")] if rebuild_buckets else self._caps)
         self._build(self._params, sorted(groups, key=min)[::-1])  # as torch: last layers first
         self._used, self._order, self._next, self._counts = set(), [], 0, None
         ddp = weakref.ref(self)  # the hooks must not keep a dropped wrapper alive
@@ -107,9 +107,6 @@ class BucketedDDP(nn.Module):
                 ddp()._grad_ready(param)
 
         self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in self._params]
-
-    def _sizes(self, params):
-        return [p.numel() * p.element_size() for p in params], [(p.device, p.dtype) for p in params]
 
     def _build(self, order, groups):
         self.buckets = [Bucket(i, [order[j] for j in g], [self._names[order[j]] for j in g])
@@ -152,20 +149,15 @@ class BucketedDDP(nn.Module):
         while self._next < len(self.buckets) and all(self.buckets[self._next].ready):
             bucket = self.buckets[self._next]
             self._event("launch", bucket=bucket.index)
-            bucket.future = in_order(lambda b=bucket: (self.reduce or self._all_reduce)(b),
-                                     later=self.reduce is not None)
+            bucket.future = in_order(lambda b=bucket: self.reduce(b) if self.reduce else
+                                     _all_reduce(b.flat), later=self.reduce is not None)
             if self.on_event is not None:  # chained: recorded before wait() returns
                 bucket.future = bucket.future.then(
                     lambda f, i=bucket.index: (self._event("done", bucket=i), f.value())[1])
             self._next += 1
         if self._next == len(self.buckets) and self._counts is None:
             used = self.buckets[0].flat.new_tensor([p in self._used for p in self._params])
-            self._counts = in_order(lambda: self._all_reduce(used), later=False)
-
-    @staticmethod
-    def _all_reduce(bucket_or_tensor):
-        flat = getattr(bucket_or_tensor, "flat", bucket_or_tensor)
-        return dist.all_reduce(flat, async_op=True).get_future()
+            self._counts = in_order(lambda: _all_reduce(used), later=False)
 
     def finish_gradient_synchronization(self):
         """Flush, wait for every bucket and write the averages into .grad. Autograd's engine
@@ -179,10 +171,9 @@ class BucketedDDP(nn.Module):
                     if not bucket.ready[j]:
                         self._fill(bucket, j, p.grad)
             self._launch_complete_buckets()
-            used = dict(zip(self._params, self._counts.wait()[0].tolist()))
+            used = dict(zip(self._params, self._counts.wait().tolist()))
             for bucket in self.buckets:
-                value = bucket.future.wait()
-                for p, mean in zip(bucket.params, views(_tensor(value), bucket.params)):
+                for p, mean in zip(bucket.params, views(bucket.future.wait(), bucket.params)):
                     if used[p] and p.grad is None:
                         p.grad = mean.clone()  # a copy: the bucket is reused next step
                     elif used[p]:
@@ -201,7 +192,7 @@ class BucketedDDP(nn.Module):
                              device=self.buckets[0].flat.device)
         in_order(lambda: dist.broadcast(order, 0, async_op=True).get_future(), False).wait()
         params = [self._params[i] for i in order.tolist()]
-        self._build(params, assign_buckets(*self._sizes(params), self._caps))
+        self._build(params, assign_buckets(params, self._caps))
         self._rebuild_due = False
 
     def remove_hooks(self):
@@ -211,5 +202,5 @@ class BucketedDDP(nn.Module):
         self._hooks = []
 
 
-def _tensor(value):
-    return value[0] if isinstance(value, list) else value  # all_reduce's futures hold a list
+def _all_reduce(tensor):  # a Future of the summed tensor (all_reduce's holds a list of it)
+    return dist.all_reduce(tensor, async_op=True).get_future().then(lambda f: f.value()[0])
