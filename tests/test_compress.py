@@ -167,14 +167,20 @@ def config_id(config):
     return f"{config[0]}, {config[1]}"
 
 
-# Equal bit for bit: the same arithmetic on the same buckets, which both DDPs now share, so
-# gloo adds the same numbers in the same order (at world size 3 too).
+# allreduce and fp16: equal bit for bit, the same arithmetic on the same buckets (both DDPs
+# build torch's), so gloo adds the same numbers in the same order (at world size 3 too).
+# PowerSGD: ours computes M Q and M^T P as (Q^T M^T)^T and (P^T M)^T (faster on a CPU), so the
+# last bits of a sum may differ: equal within float32 rounding, step for step.
 @pytest.mark.parametrize("who", OTHERS)
 @pytest.mark.parametrize("config", CONFIGS, ids=config_id)
-def test_every_hook_equals_torchs_bit_for_bit_step_for_step(runs, config, who):
+def test_every_hook_equals_torchs_step_for_step(runs, config, who):
+    exact = config[0] not in POWERSGD
     for result in runs:
         for step, (ours, theirs) in enumerate(zip(result[config][who], result[config]["torch"])):
-            assert max_abs(ours, theirs) == 0, (step, max_abs(ours, theirs))
+            if exact:
+                assert max_abs(ours, theirs) == 0, (step, max_abs(ours, theirs))
+            for a, b in zip(ours, theirs):
+                assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"step {step}: {m}")
 
 
 def test_fp16_really_rounds(runs):
@@ -195,10 +201,10 @@ def test_powerSGD_state_matches(runs, config, who):
         assert ours["stats"] == theirs["stats"]
         assert ours["error"].keys() == theirs["error"].keys()
         for k in ours["error"]:
-            assert_close(ours["error"][k], theirs["error"][k], rtol=0, atol=0)
+            assert_close(ours["error"][k], theirs["error"][k], rtol=1e-5, atol=1e-6)
         assert ours["q"].keys() == theirs["q"].keys()
         for k in ours["q"]:
-            assert_close(ours["q"][k], theirs["q"][k], rtol=0, atol=0)
+            assert_close(ours["q"][k], theirs["q"][k], rtol=1e-4, atol=1e-5)
         several = config[1] == "several buckets"
         assert (len(ours["q"]) > 1) == several or not POWERSGD[config[0]][2], ours["q"].keys()
 

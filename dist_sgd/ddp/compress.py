@@ -93,6 +93,7 @@ class PowerSGDState:
         # same projection everywhere (P = M Q must be summable), a new one each time.
         self.rng = np.random.RandomState(random_seed)
         self.error_dict = {}     # bucket index -> what compression dropped (this rank's own)
+        self.before_dict = {}    # bucket index -> the gradient before compression (scratch)
         self.p_memory_dict = {}  # bucket index -> every P of the bucket, one flat tensor
         self.q_memory_dict = {}  # bucket index -> every Q of the bucket, one flat tensor
         self.iter = 0            # training steps seen (counted at each step's last bucket)
@@ -165,7 +166,9 @@ def _power_sgd(state, bucket):
             buffer.add_(state.error_dict[index])  # what we failed to send last step
         else:
             state.error_dict[index] = torch.zeros_like(buffer)
-        before = buffer.clone()  # to measure, at the end, what compression dropped this time
+        # The gradient before compression, to measure at the end what compression dropped: in
+        # a buffer kept per bucket (a fresh 4.6 MiB each step costs page faults, a copy less).
+        before = state.before_dict.setdefault(index, torch.empty_like(buffer)).copy_(buffer)
 
     # Which gradients to compress: every one is seen as a matrix (rows = first dim). 1-D ones
     # (biases) never pay: (n + 1) r * 2 > n. They go as they are, in one all-reduce.
@@ -209,10 +212,11 @@ def _power_sgd(state, bucket):
         for q in qs:  # last step's Q, averaged: a better start than a random one
             orthogonalize(q, state.orthogonalization_epsilon)
 
-    # Products with torch.bmm on batches of one, as torch's hook: torch.matmul may pick another
-    # kernel (a matrix-vector product at rank 1) and round the last bit differently.
+    # P = M Q: this rank's M projected on Q, computed as (Q^T M^T)^T. The same sums; a CPU
+    # then walks M and Q along their rows (~5x faster than M Q for fc1 here). torch's hook
+    # multiplies as written: the last bits can differ (tests: equal within float32 rounding).
     for mat, q, p in zip(matrices, qs, ps):
-        torch.bmm(mat[None], q[None], out=p[None])  # P = M Q: this rank's M projected on Q
+        p.copy_(torch.matmul(q.t(), mat.t()).t())
 
     flat_vectors = torch.cat([v.view(-1) for v in vectors]) if vectors else buffer.new_empty(0)
     vectors_summed = dist.all_reduce(flat_vectors, group=group, async_op=True).get_future()
@@ -223,7 +227,9 @@ def _power_sgd(state, bucket):
     def ps_done_send_qs():
         for mat, p, q in zip(matrices, ps, qs):
             orthogonalize(p, state.orthogonalization_epsilon)
-            torch.bmm(mat.t()[None], p[None], out=q[None])  # Q = M^T P: one P everywhere: summable
+            # Q = M^T P (one P everywhere: summable), computed as (P^T M)^T: the same sums,
+            # M read row by row instead of down its columns (~20x faster for fc1 here).
+            q.copy_(torch.matmul(p.t(), mat).t())
         qs_summed = dist.all_reduce(q_flat, group=group, async_op=True).get_future()
         torch.futures.collect_all([vectors_summed, qs_summed]).add_done_callback(
             _completing(result, decompress))
@@ -232,14 +238,14 @@ def _power_sgd(state, bucket):
         copy_back(flat_vectors.div_(world_size), vectors)
         q_flat.div_(world_size)  # Q was summed over ranks: average it
         for mat, p, q in zip(matrices, ps, qs):
-            torch.bmm(p[None], q.t()[None], out=mat[None])  # M ~ P Q^T, straight into the bucket
+            torch.matmul(p, q.t(), out=mat)  # M ~ P Q^T, straight into the bucket
         if torch.cuda.is_available():
             torch.cuda.synchronize(buffer.device)  # P Q^T must be done before we read it back
         if state.use_error_feedback:
             # This rank's gradient minus what the ranks agreed on. For the plain vectors that is
             # (local - average), which sums to zero over ranks and so cancels next step: torch
             # keeps it too, and so do we, to stay equal to torch step for step.
-            state.error_dict[index] = before - buffer
+            torch.sub(before, buffer, out=state.error_dict[index])
         if not state.warm_start:
             state.p_memory_dict.clear()
             state.q_memory_dict.clear()
