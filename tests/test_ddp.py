@@ -1,13 +1,19 @@
-"""Our DistributedDataParallel (and steps 1-2 of lesson 07), one named test per property.
+"""Our DDP (the core BucketedDDP and the wrapper DistributedDataParallel), one named test per
+property.
 
-A spawn costs seconds, so one launch() per world size (1, 2, 3) runs every case inside the
-ranks (module-scoped fixture) and returns, per rank, a dict: case name -> None when it held,
-else the message of the assertion that failed. Each test below reads one case.
+A spawn costs seconds, so one launch() per world size runs every case of that world size inside
+the ranks and returns, per rank, a dict: case name -> None when it held, else the message of
+the assertion that failed. Each test below reads one case (results(ws) launches once per ws).
 
-The model has every awkward part at once: a frozen layer, a Parameter shared by two layers
-(tied weights), a buffer, and a layer that some ranks use in some steps and no rank in others.
-Everything is float64, so the tolerances can stay tight.
+Two families:
+- equal to one process computing the whole batch (Toy, float64, tight tolerances): frozen,
+  tied, a buffer, and a layer some ranks use in some steps and no rank in others;
+- equal to torch's DDP bit for bit (rtol=0, atol=0) at world sizes 2, 3 and 4, with and
+  without torch's own comm hooks (Odd, float32: odd shapes, frozen, tied, sometimes unused):
+  equal buckets in equal order make gloo add the same numbers in the same order.
 """
+import functools
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -18,13 +24,17 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 from torch.testing import assert_close
 
 from dist_sgd.comm import collectives
-from dist_sgd.ddp.ddp import DistributedDataParallel, assign_buckets
+from dist_sgd.ddp import compress
+from dist_sgd.ddp.bucketed import MiB, BucketedDDP, assign_buckets
+from dist_sgd.ddp.ddp import DistributedDataParallel
+from dist_sgd.ddp.hooks import in_order
 from dist_sgd.ddp.steps import HookDDP, NaiveDDP
 from dist_sgd.plumbing.launch import launch
 
 PER_RANK = 4
 STEPS = 3
-CAPS = {"one bucket": None, "per parameter": 0, "tiny": 0.0002, "default": 25.0}
+CAPS = {"default": None, "per parameter": 0, "tiny": 0.0002, "one bucket": 1024}
+CORE_CAPS = ["default", "tiny"]
 
 
 class Toy(nn.Module):
@@ -108,17 +118,18 @@ def train(wrapped, inner, rank, world_size):
     return grads, weights
 
 
-def same(got, expected, what):
+def same(got, expected, what, **exact):
     for step, (g, e) in enumerate(zip(got, expected)):
         for name in e:
             if e[name] is None or g[name] is None:
                 assert g[name] is None and e[name] is None, \
                     f"{what}: step {step}: {name}: {g[name]} vs {e[name]}"
             else:
-                assert_close(g[name], e[name], msg=lambda m: f"{what}: step {step}: {name}: {m}")
+                assert_close(g[name], e[name], **exact,
+                             msg=lambda m: f"{what}: step {step}: {name}: {m}")
 
 
-# ---- the cases, run inside every rank -----------------------------------------------------------
+# ---- equal to one process (Toy, float64) --------------------------------------------------------
 
 def case_broadcast(rank, world_size, ref):
     model = make_model(seed=rank)  # ranks start from different weights ...
@@ -127,28 +138,23 @@ def case_broadcast(rank, world_size, ref):
         assert_close(a, b)  # ... and end up with rank 0's
 
 
-def case_cap(cap, what):
+def case_cap(cap, what, core=False):
     def case(rank, world_size, ref):
         model = make_model(seed=rank)
-        got = train(DistributedDataParallel(model, bucket_cap_mb=cap), model, rank, world_size)
+        wrapped = BucketedDDP(model, cap) if core else DistributedDataParallel(model, cap)
+        got = train(wrapped, model, rank, world_size)
         same(got[0], ref[0], f"grads, {what}")
         same(got[1], ref[1], f"weights, {what}")
     return case
 
 
-def case_torch_ddp(rank, world_size, ref):
-    ours, theirs = make_model(seed=rank), make_model(seed=rank)
-    got = train(DistributedDataParallel(ours, bucket_cap_mb=CAPS["tiny"]), ours, rank, world_size)
-    want = train(TorchDDP(theirs, find_unused_parameters=True), theirs, rank, world_size)
-    dist.barrier()  # torch quirk: no rank goes on while a peer's reducer is finishing
-    same(got[0], want[0], "ours vs torch DDP")
-
-
-def case_unused(rank, world_size, ref):
-    model = make_model(seed=rank)
-    grads, _ = train(DistributedDataParallel(model, bucket_cap_mb=0), model, rank, world_size)
-    assert grads[2]["extra.weight"] is None, "a parameter no rank used got a gradient"
-    assert grads[1]["extra.weight"] is not None, "a parameter rank 0 used got none"
+def case_unused(cls):
+    def case(rank, world_size, ref):
+        model = make_model(seed=rank)
+        grads, _ = train(cls(model, bucket_cap_mb=0), model, rank, world_size)
+        assert grads[2]["extra.weight"] is None, "a parameter no rank used got a gradient"
+        assert grads[1]["extra.weight"] is not None, "a parameter rank 0 used got none"
+    return case
 
 
 def case_frozen_and_tied(rank, world_size, ref):
@@ -172,15 +178,15 @@ def case_each_bucket_once(rank, world_size, ref):
 
     model = make_model(seed=rank)
     ddp = DistributedDataParallel(model, bucket_cap_mb=CAPS["tiny"], all_reduce=counting_all_reduce)
-    assert len(ddp.buckets) > 2
     x, y = batch(0, world_size)
-    for step in range(2):
+    for step in range(3):  # step 0: one bucket; then rebuilt into several
         calls.clear()
+        used = sorted(b.flat.data_ptr() for b in ddp.buckets)  # the buckets of this backward
         F.cross_entropy(ddp(shard(x, rank, world_size)), shard(y, rank, world_size)).backward()
-        assert sorted(calls) == sorted(b.flat.data_ptr() for b in ddp.buckets), \
-            f"step {step}: {len(calls)} all-reduces for {len(ddp.buckets)} buckets"
+        assert sorted(calls) == used, f"step {step}: {len(calls)} all-reduces, {len(used)} buckets"
         ddp.finish_gradient_synchronization()  # again: nothing more may be sent
-        assert len(calls) == len(ddp.buckets)
+        assert len(calls) == len(used)
+    assert len(ddp.buckets) > 2
 
 
 def case_our_all_reduce(rank, world_size, ref):
@@ -193,7 +199,7 @@ def case_our_all_reduce(rank, world_size, ref):
 def case_no_sync(rank, world_size, ref):
     # Two local backward passes, then a synced one == one batch three times larger. The extra
     # layer is used in the first (local) pass only: the synced pass must still send its
-    # accumulated gradient, not zeros.
+    # accumulated gradient, not zeros, and average it (torch counts it as used).
     model = make_model(seed=rank)
     ddp = DistributedDataParallel(model, bucket_cap_mb=CAPS["tiny"])
     ddp.trace = []
@@ -216,9 +222,10 @@ def case_no_sync(rank, world_size, ref):
 def case_overlap(rank, world_size, ref):
     model = make_model(seed=rank)
     ddp = DistributedDataParallel(model, bucket_cap_mb=0)
-    ddp.trace = []
     x, y = batch(0, world_size)
-    F.cross_entropy(ddp(shard(x, rank, world_size)), shard(y, rank, world_size)).backward()
+    for step in range(2):  # step 0: one bucket, sent at the end; then rebuilt: overlapped
+        ddp.trace = []
+        F.cross_entropy(ddp(shard(x, rank, world_size)), shard(y, rank, world_size)).backward()
     events = [e["event"] for e in ddp.trace]
     last_hook = len(events) - 1 - events[::-1].index("hook")
     assert events.index("launch") < last_hook, events
@@ -240,15 +247,17 @@ def case_steps_1_and_2(rank, world_size, ref):
                 assert_close(p.grad, ref[0][0][n], msg=lambda m: f"{cls.__name__}: {n}: {m}")
 
 
-def gan_grads(rank, d_hidden, all_reduce):
-    """Issue 9, bug 1: two wrappers in one backward, d(g(z)), as in a GAN."""
+def gan_grads(rank, d_hidden, all_reduce=None, g_hook=None, cap=1024, steps=3):
+    """Two wrappers in one backward, d(g(z)), as in a GAN; G may have a comm hook."""
     torch.manual_seed(0)
     G = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 8))
     D = nn.Sequential(nn.Linear(8, d_hidden), nn.Tanh(), nn.Linear(d_hidden, 8))
-    g = DistributedDataParallel(G, bucket_cap_mb=None, all_reduce=all_reduce)
-    d = DistributedDataParallel(D, bucket_cap_mb=None, all_reduce=all_reduce)
+    g = DistributedDataParallel(G, bucket_cap_mb=cap, all_reduce=all_reduce)
+    d = DistributedDataParallel(D, bucket_cap_mb=cap, all_reduce=all_reduce)
+    if g_hook is not None:
+        g.register_comm_hook(*g_hook)
     z = torch.randn(5, 8, generator=torch.Generator().manual_seed(rank))
-    for _ in range(3):
+    for _ in range(steps):
         d(g(z)).pow(2).mean().backward()
     return [p.grad.clone() for p in list(G.parameters()) + list(D.parameters())]
 
@@ -258,6 +267,16 @@ def case_gan(d_hidden):
         assert_close(gan_grads(rank, d_hidden, collectives.all_reduce),
                      gan_grads(rank, d_hidden, None))
     return case
+
+
+def case_gan_powersgd_and_plain(rank, world_size, ref):
+    # G's PowerSGD issues collectives from callbacks while D's plain buckets go from backward:
+    # one order on every rank (hooks.in_order), so no mismatch; D's gradients are the plain ones.
+    state = compress.PowerSGDState(None, 1, start_powerSGD_iter=2)
+    got = gan_grads(rank, 12, g_hook=(state, compress.powerSGD_hook), cap=0, steps=4)
+    plain = gan_grads(rank, 12, cap=0, steps=4)
+    assert_close(got[4:], plain[4:], rtol=0, atol=0)  # D: the plain all-reduce, untouched
+    assert state.iter == 4 and (world_size == 1 or not torch.equal(got[0], plain[0]))
 
 
 def case_buffers(rank, world_size, ref):
@@ -271,21 +290,135 @@ def case_buffers(rank, world_size, ref):
     assert_close(list(mine.parameters()), list(make_model(seed=rank).parameters()))
 
 
-# ---- communication hooks: torch's own hooks on ours give torch DDP's gradients --------------
-# register_comm_hook(state, hook) follows torch's contract (hook(state, bucket) returns a Future
-# of the bucket's reduced flat gradient; `bucket` has GradBucket's methods), so torch's
-# default_hooks.allreduce_hook, fp16_compress_hook and powerSGD_hook run on ours unchanged.
-# powerSGD runs with one bucket: torch 2.14.1's powerSGD_hook on gloo can hang with several
-# small buckets (its callbacks issue collectives from gloo's thread while the next bucket's
-# hook issues them from the main thread).
+# ---- equal to torch's DDP, bit for bit (Odd, float32) ------------------------------------------
 
-HOOK_STEPS, POWERSGD_START = 6, 2  # powerSGD compresses from step 2 on: 4 compressed steps
+class Odd(nn.Module):
+    """Odd shapes (a 3x3 conv of 5 channels, 45 -> 37 -> 45 -> 7), a frozen layer, a weight
+    used twice (tied: mid.weight, then its transpose) and a layer used only sometimes."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3)
+        self.frozen = nn.Linear(45, 45).requires_grad_(False)
+        self.mid = nn.Linear(45, 37)
+        self.extra = nn.Linear(37, 37)
+        self.head = nn.Linear(45, 7)
+
+    def forward(self, x, use_extra=True):
+        h = torch.tanh(self.frozen(torch.tanh(self.conv(x)).flatten(1)))
+        h = torch.tanh(self.mid(h))
+        if use_extra:
+            h = h + torch.tanh(self.extra(h))
+        return self.head(torch.tanh(F.linear(h, self.mid.weight.t())))
+
+
+TORCH_STEPS = 3  # step 0 in one bucket; the rebuilt buckets from step 1; momentum carries on
+
+
+def odd_run(wrap, rank, unused, hook=None):
+    """TORCH_STEPS steps of Odd under wrap(module); per step {name: grad or None}."""
+    torch.manual_seed(rank)  # ranks start different: the wrapper broadcasts rank 0's
+    model = Odd()
+    ddp = wrap(model)
+    if hook is not None:
+        ddp.register_comm_hook(*hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    grads = []
+    for step in range(TORCH_STEPS):
+        g = torch.Generator().manual_seed(10 * step + rank)
+        x, y = torch.randn(6, 3, 5, 5, generator=g), torch.randint(0, 7, (6,), generator=g)
+        opt.zero_grad()
+        F.cross_entropy(ddp(x, uses_extra(step, rank) if unused else True), y).backward()
+        grads.append({n: None if p.grad is None else p.grad.clone()
+                      for n, p in model.named_parameters()})
+        opt.step()
+    dist.barrier()  # torch quirk: no rank goes on while a peer's reducer is finishing
+    return grads
+
+
+# What torch's DDP is compared on: (our class, bucket_cap_mb, unused layer?). With a layer some
+# ranks skip, torch needs find_unused_parameters=True (buckets kept as built); without, its
+# default (one bucket first, then rebuilt in gradient-ready order).
+LAYOUTS = {"default": None, "4 KB": 4 / 1024, "per parameter": 0}
+TORCH_HOOKS = {"no hook": None, "allreduce_hook": default_hooks.allreduce_hook,
+               "fp16_compress_hook": default_hooks.fp16_compress_hook}
+
+
+@functools.lru_cache(maxsize=None)  # per rank process: torch's run, shared by the cases
+def torch_odd_run(rank, cap, unused, hook_name):
+    hook = TORCH_HOOKS[hook_name]
+    return odd_run(lambda m: TorchDDP(m, bucket_cap_mb=cap, find_unused_parameters=unused),
+                   rank, unused, None if hook is None else (None, hook))
+
+
+def case_torch(who, layout, unused, hook_name):
+    def case(rank, world_size, ref):
+        cap, hook = LAYOUTS[layout], TORCH_HOOKS[hook_name]
+        if who == "core":
+            ours = odd_run(lambda m: BucketedDDP(m, cap, rebuild_buckets=not unused), rank, unused)
+        else:
+            ours = odd_run(lambda m: DistributedDataParallel(
+                m, cap, find_unused_parameters=unused), rank, unused,
+                None if hook is None else (None, hook))
+        same(ours, torch_odd_run(rank, cap, unused, hook_name), f"{who} vs torch DDP",
+             rtol=0, atol=0)
+        if hook_name == "fp16_compress_hook" and world_size > 1:  # fp16 differs from float32
+            plain = torch_odd_run(rank, cap, unused, "no hook")
+            assert not torch.equal(plain[1]["head.weight"], ours[1]["head.weight"])
+    return case
+
+
+def layout_run(wrap, rank, steps=3):
+    """Per step, the buckets used, as lists of parameter names (torch's: seen by a hook)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 512), nn.Tanh(),
+                          nn.Linear(512, 10))  # 3 MiB: a 1 MiB first bucket shows
+    names = {p: n for n, p in model.named_parameters()}
+    ddp, seen = wrap(model), []
+
+    def recording(state, bucket):
+        seen[-1].append([names[p] for p in bucket.parameters()])
+        return default_hooks.allreduce_hook(state, bucket)
+
+    if isinstance(ddp, TorchDDP):
+        ddp.register_comm_hook(None, recording)
+    x = torch.randn(4, 512, generator=torch.Generator().manual_seed(rank))
+    for _ in range(steps):
+        seen.append([])
+        out = ddp(x)
+        if not isinstance(ddp, TorchDDP):
+            seen[-1] = [list(b.names) for b in ddp.buckets]
+        out.sum().backward()
+    dist.barrier()
+    return seen
+
+
+def case_layout(cap, unused):
+    def case(rank, world_size, ref):
+        kw = dict(bucket_cap_mb=cap, find_unused_parameters=unused)
+        ours = layout_run(lambda m: DistributedDataParallel(m, **kw), rank)
+        theirs = layout_run(lambda m: TorchDDP(m, **kw), rank)
+        assert ours == theirs, f"ours {ours}\ntorch's {theirs}"
+        if cap is None and not unused:  # torch's default: 25 MiB, the first bucket 1 MiB
+            assert len(ours[-1]) == 2 and ours[-1][0][-1] == "2.weight", ours[-1]
+    return case
+
+
+# ---- PowerSGD on several buckets ------------------------------------------------------------
+
+def torch_powerSGD_in_order(state, bucket):
+    """torch's powerSGD_hook, one bucket at a time (else, on gloo with several buckets, its
+    callbacks' all-reduces race with the next bucket's: a hang or an abort)."""
+    return in_order(lambda: psgd.powerSGD_hook(state, bucket))
 
 
 def mlp(seed):
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
                          nn.Linear(16, 5))
+
+
+HOOK_STEPS, POWERSGD_START = 6, 2  # powerSGD compresses from step 2 on: 4 compressed steps
 
 
 def hooked_run(cls, state, hook, rank, **kwargs):
@@ -304,55 +437,31 @@ def hooked_run(cls, state, hook, rank, **kwargs):
         grads.append([p.grad.clone() for p in model.parameters()])
         opt.step()
     dist.barrier()  # torch quirk: no rank goes on while a peer's reducer is finishing
-    return grads
+    return grads, len(ddp.buckets) if cls is not TorchDDP else None
 
 
-def same_steps(got, want, exact=False, **tolerance):
+def same_steps(got, want):
     for step, (a, b) in enumerate(zip(got, want)):
         for i, (x, y) in enumerate(zip(a, b)):
-            if exact:
-                assert torch.equal(x, y), f"step {step}, parameter {i}: {(x - y).abs().max()}"
-            else:
-                assert_close(x, y, **tolerance, msg=lambda m: f"step {step}, parameter {i}: {m}")
+            assert torch.equal(x, y), f"step {step}, parameter {i}: {(x - y).abs().max()}"
 
 
-# torch's buckets for the same layout as ours: "one bucket"; "per parameter" needs
-# find_unused_parameters=True, which keeps torch from re-bucketing after step 0.
-TORCH_LAYOUT = {None: dict(bucket_cap_mb=25),
-                0: dict(bucket_cap_mb=1e-6, find_unused_parameters=True)}
-
-
-def case_hook(hook, cap, exact=False, **tolerance):
-    def case(rank, world_size, ref):
-        want = hooked_run(TorchDDP, None, hook, rank, **TORCH_LAYOUT[cap])
-        got = hooked_run(DistributedDataParallel, None, hook, rank, bucket_cap_mb=cap)
-        same_steps(got, want, exact, **tolerance)
-        if hook is default_hooks.fp16_compress_hook:  # fp16 must differ from float32 at all
-            plain = hooked_run(DistributedDataParallel, None, None, rank, bucket_cap_mb=cap)
-            assert world_size == 1 or not torch.equal(plain[1][0], got[1][0])
-    return case
-
-
-def case_fp16_one_bucket(rank, world_size, ref):
-    # Bit for bit at world size 2. At 3, gloo adds three float16 numbers in an order that
-    # depends on the element's place in the bucket, and torch's step-0 bucket holds the
-    # parameters in forward order (ours, and torch's later steps: the order gradients arrive):
-    # the last bits of step 0 differ, and so every step after it, by float16 rounding.
-    case_hook(default_hooks.fp16_compress_hook, None, exact=world_size <= 2,
-              rtol=2e-3, atol=1e-4)(rank, world_size, ref)  # float16: eps = 9.8e-4
-
-
-def case_powersgd(matrix_rank):
+def case_powersgd(matrix_rank, cap):
     def case(rank, world_size, ref):
         def state():
             return psgd.PowerSGDState(process_group=None, matrix_approximation_rank=matrix_rank,
                                       start_powerSGD_iter=POWERSGD_START, random_seed=0)
-        want = hooked_run(TorchDDP, state(), psgd.powerSGD_hook, rank, bucket_cap_mb=25)
-        got = hooked_run(DistributedDataParallel, state(), psgd.powerSGD_hook, rank,
-                         bucket_cap_mb=None)
+        # torch's hook, run one bucket at a time on torch's DDP, against the same hook on ours
+        want, _ = hooked_run(TorchDDP, state(), torch_powerSGD_in_order, rank, bucket_cap_mb=cap)
+        got, buckets = hooked_run(DistributedDataParallel, state(), psgd.powerSGD_hook, rank,
+                                  bucket_cap_mb=cap)
+        assert (buckets > 1) == (cap < 1), f"{buckets} buckets at bucket_cap_mb={cap}"
         same_steps(got, want)
-        plain = hooked_run(DistributedDataParallel, None, None, rank, bucket_cap_mb=None)
-        same_steps(got[:POWERSGD_START], plain[:POWERSGD_START])  # before: a plain all-reduce
+        # Before its start, torch's powerSGD_hook is its allreduce_hook (divide, then sum; no
+        # hook multiplies by 1/p while copying: at world size 3 the last bit can differ).
+        plain, _ = hooked_run(DistributedDataParallel, None, default_hooks.allreduce_hook, rank,
+                              bucket_cap_mb=cap)
+        same_steps(got[:POWERSGD_START], plain[:POWERSGD_START])
         if world_size > 1:  # after: a low-rank approximation (one rank: nothing to compress)
             assert (got[POWERSGD_START][0] - plain[POWERSGD_START][0]).abs().max() > 1e-3
     return case
@@ -383,13 +492,17 @@ def case_hook_contract_errors(rank, world_size, ref):
             assert "only once" in str(error)
         else:
             raise AssertionError("a second register_comm_hook was accepted")
+    dist.barrier()
 
 
-CASES = {
+# Which cases run at which world size: the properties at 1, 2 and 3; torch's bit for bit
+# at 2, 3 and 4; layouts (rank 0's order, broadcast) at 3; torch's PowerSGD at 2 and 3.
+PROPERTIES = {
     "broadcast": case_broadcast,
     **{f"cap {name}": case_cap(cap, name) for name, cap in CAPS.items()},
-    "torch ddp": case_torch_ddp,
-    "unused": case_unused,
+    **{f"core, cap {name}": case_cap(CAPS[name], name, core=True) for name in CORE_CAPS},
+    "unused": case_unused(DistributedDataParallel),
+    "core unused": case_unused(BucketedDDP),
     "frozen and tied": case_frozen_and_tied,
     "each bucket once": case_each_bucket_once,
     "our all_reduce": case_our_all_reduce,
@@ -398,21 +511,32 @@ CASES = {
     "steps 1 and 2": case_steps_1_and_2,
     "gan equal buckets": case_gan(16),
     "gan unequal buckets": case_gan(12),
+    "gan powerSGD and plain": case_gan_powersgd_and_plain,
     "buffers and init_sync": case_buffers,
-    "allreduce hook, one bucket": case_hook(default_hooks.allreduce_hook, None),
-    "allreduce hook, per parameter": case_hook(default_hooks.allreduce_hook, 0),
-    "fp16 hook, per parameter": case_hook(default_hooks.fp16_compress_hook, 0, exact=True),
-    "fp16 hook, one bucket": case_fp16_one_bucket,
-    "powerSGD rank 1": case_powersgd(1),
-    "powerSGD rank 2": case_powersgd(2),
     "hook contract errors": case_hook_contract_errors,
 }
+# Odd is 14 KB: the default layout (first bucket 1 MiB) is one bucket, which the hooks meet at
+# step 0 anyway; with hooks, the layouts of several buckets.
+HOOK_LAYOUTS = ["4 KB", "per parameter"]
+TORCH_CASES = {
+    **{f"torch {who}, {layout}, {'unused' if unused else 'rebuilt'}, {hook}":
+       case_torch(who, layout, unused, hook)
+       for who in ("core", "ours") for layout in LAYOUTS for unused in (False, True)
+       for hook in TORCH_HOOKS
+       if hook == "no hook" or (who == "ours" and layout in HOOK_LAYOUTS)},
+}
+LAYOUT_CASES = {f"layout {cap}, {unused}": case_layout(cap, unused)
+                for cap in (None, 4 / 1024, 0) for unused in (False, True)}
+POWERSGD_CASES = {f"powerSGD rank {r}, cap {cap}": case_powersgd(r, cap)
+                  for r in (1, 2) for cap in (1024, 0.5 / 1024)}
+CASES_AT = {1: PROPERTIES, 2: {**PROPERTIES, **TORCH_CASES, **POWERSGD_CASES},
+            3: {**PROPERTIES, **TORCH_CASES, **POWERSGD_CASES, **LAYOUT_CASES}, 4: TORCH_CASES}
 
 
 def all_cases(rank, world_size):
     ref = reference_run(world_size)
     out = {}
-    for name, case in CASES.items():
+    for name, case in CASES_AT[world_size].items():
         try:
             case(rank, world_size, ref)
             out[name] = None
@@ -422,104 +546,160 @@ def all_cases(rank, world_size):
     return out
 
 
-@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda ws: f"ws{ws}")
-def results(request):
-    return launch(all_cases, request.param, backend="gloo")
+@functools.lru_cache(maxsize=None)
+def results(world_size):
+    return launch(all_cases, world_size, backend="gloo")
 
 
-def held(results, name):
-    failures = [r[name] for r in results if r[name] is not None]
+def held(world_size, name):
+    failures = [r[name] for r in results(world_size) if r[name] is not None]
     assert not failures, "\n".join(failures)
 
 
-def test_ranks_start_from_rank_0s_weights(results):
-    held(results, "broadcast")
+AT_PROPERTIES, AT_TORCH = [1, 2, 3], [2, 3, 4]
 
 
+def ws(sizes):
+    return pytest.mark.parametrize("world_size", sizes, ids=lambda w: f"ws{w}")
+
+
+@ws(AT_PROPERTIES)
+def test_ranks_start_from_rank_0s_weights(world_size):
+    held(world_size, "broadcast")
+
+
+@ws(AT_PROPERTIES)
 @pytest.mark.parametrize("cap", list(CAPS))
-def test_grads_match_single_process_each_step(results, cap):
-    held(results, f"cap {cap}")
+def test_grads_match_single_process_each_step(world_size, cap):
+    held(world_size, f"cap {cap}")
 
 
-def test_grads_match_torch_ddp_each_step(results):
-    held(results, "torch ddp")
+@ws(AT_PROPERTIES)
+@pytest.mark.parametrize("cap", CORE_CAPS)
+def test_core_grads_match_single_process_each_step(world_size, cap):
+    held(world_size, f"core, cap {cap}")
 
 
-def test_unused_param_grad_stays_none(results):
-    held(results, "unused")
+@ws(AT_PROPERTIES)
+@pytest.mark.parametrize("name", ["unused", "core unused"])
+def test_param_no_rank_used_keeps_grad_none_in_core_and_wrapper(world_size, name):
+    held(world_size, name)
 
 
-def test_frozen_param_skipped_and_tied_param_reduced_once(results):
-    held(results, "frozen and tied")
+@ws(AT_PROPERTIES)
+def test_frozen_param_skipped_and_tied_param_reduced_once(world_size):
+    held(world_size, "frozen and tied")
 
 
-def test_each_bucket_reduced_once(results):
-    held(results, "each bucket once")
+@ws(AT_PROPERTIES)
+def test_each_bucket_reduced_once(world_size):
+    held(world_size, "each bucket once")
 
 
-def test_our_all_reduce_gives_the_same_grads(results):
-    held(results, "our all_reduce")
+@ws(AT_PROPERTIES)
+def test_our_all_reduce_gives_the_same_grads(world_size):
+    held(world_size, "our all_reduce")
 
 
-def test_no_sync_accumulates(results):
-    held(results, "no_sync")
+@ws(AT_PROPERTIES)
+def test_no_sync_accumulates(world_size):
+    held(world_size, "no_sync")
 
 
-def test_first_all_reduce_starts_before_backward_ends(results):
-    held(results, "overlap")
+@ws(AT_PROPERTIES)
+def test_first_all_reduce_starts_before_backward_ends(world_size):
+    held(world_size, "overlap")
 
 
-def test_steps_1_and_2_match_single_process(results):
-    held(results, "steps 1 and 2")
+@ws(AT_PROPERTIES)
+def test_steps_1_and_2_match_single_process(world_size):
+    held(world_size, "steps 1 and 2")
 
 
+@ws(AT_PROPERTIES)
 @pytest.mark.parametrize("buckets", ["equal", "unequal"])
-def test_two_wrappers_in_one_backward_on_our_all_reduce(results, buckets):
-    held(results, f"gan {buckets} buckets")
+def test_two_wrappers_in_one_backward_on_our_all_reduce(world_size, buckets):
+    held(world_size, f"gan {buckets} buckets")
 
 
-def test_buffers_broadcast_before_forward_and_init_sync(results):
-    held(results, "buffers and init_sync")
+@ws(AT_PROPERTIES)
+def test_two_wrappers_one_with_powerSGD_one_plain_in_one_backward(world_size):
+    held(world_size, "gan powerSGD and plain")
 
 
-@pytest.mark.parametrize("layout", ["one bucket", "per parameter"])
-def test_torch_allreduce_hook_matches_torch_ddp(results, layout):
-    held(results, f"allreduce hook, {layout}")
+@ws(AT_PROPERTIES)
+def test_buffers_broadcast_before_forward_and_init_sync(world_size):
+    held(world_size, "buffers and init_sync")
 
 
-def test_torch_fp16_compress_hook_matches_torch_ddp_bit_for_bit(results):
-    held(results, "fp16 hook, per parameter")
+@ws(AT_PROPERTIES)
+def test_a_hook_that_breaks_the_contract_is_named(world_size):
+    held(world_size, "hook contract errors")
 
 
-def test_torch_fp16_compress_hook_one_bucket_matches_torch_ddp(results):
-    held(results, "fp16 hook, one bucket")
+@ws(AT_TORCH)
+@pytest.mark.parametrize("unused", [False, True], ids=["rebuilt", "unused"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_core_grads_equal_torch_ddp_bit_for_bit(world_size, layout, unused):
+    held(world_size, f"torch core, {layout}, {'unused' if unused else 'rebuilt'}, no hook")
 
 
+@ws(AT_TORCH)
+@pytest.mark.parametrize("unused", [False, True], ids=["rebuilt", "unused"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_our_ddp_grads_equal_torch_ddp_bit_for_bit(world_size, layout, unused):
+    held(world_size, f"torch ours, {layout}, {'unused' if unused else 'rebuilt'}, no hook")
+
+
+@ws(AT_TORCH)
+@pytest.mark.parametrize("hook", ["allreduce_hook", "fp16_compress_hook"])
+@pytest.mark.parametrize("unused", [False, True], ids=["rebuilt", "unused"])
+@pytest.mark.parametrize("layout", HOOK_LAYOUTS)
+def test_torch_hooks_on_our_ddp_equal_torch_ddp_bit_for_bit(world_size, layout, unused, hook):
+    held(world_size, f"torch ours, {layout}, {'unused' if unused else 'rebuilt'}, {hook}")
+
+
+def test_torch_fp16_compress_hook_on_our_ddp_equals_torch_ddp_bit_for_bit_ws3_4kb_buckets():
+    # The named result: world size 3 (gloo adds three float16 numbers in an order set by their
+    # place in the bucket), 4 KB buckets, TORCH_STEPS steps, so the rebuilt buckets are used.
+    held(3, "torch ours, 4 KB, rebuilt, fp16_compress_hook")
+
+
+@pytest.mark.parametrize("unused", [False, True], ids=["rebuilt", "unused"])
+@pytest.mark.parametrize("cap", [None, 4 / 1024, 0], ids=["default", "4 KB", "per parameter"])
+def test_buckets_are_torchs_at_every_step(cap, unused):
+    held(3, f"layout {cap}, {unused}")  # rank 0's ready order, broadcast: any world size
+
+
+@ws([2, 3])
+@pytest.mark.parametrize("cap", [1024, 0.5 / 1024], ids=["one bucket", "several buckets"])
 @pytest.mark.parametrize("matrix_rank", [1, 2])
-def test_torch_powerSGD_hook_matches_torch_ddp_past_start(results, matrix_rank):
-    held(results, f"powerSGD rank {matrix_rank}")
-
-
-def test_a_hook_that_breaks_the_contract_is_named(results):
-    held(results, "hook contract errors")
+def test_torch_powerSGD_hook_on_our_ddp_equals_torch_ddp(world_size, matrix_rank, cap):
+    held(world_size, f"powerSGD rank {matrix_rank}, cap {cap}")
 
 
 # ---- without a process group ----------------------------------------------------------------
 
-def test_bucket_assignment():
-    params = [(f"p{i}", nn.Parameter(torch.zeros(n))) for i, n in enumerate([10, 300, 5, 1000])]
-    names = lambda groups: [[n for n, _ in g] for g in groups]  # noqa: E731
-    assert names(assign_buckets(params, None)) == [["p3", "p2", "p1", "p0"]]
-    assert names(assign_buckets(params, 0)) == [["p3"], ["p2"], ["p1"], ["p0"]]
-    # 1,300-byte cap: p3 (4,000 bytes) closes a bucket alone; p2 + p1 + p0 (1,260) stay open
-    assert names(assign_buckets(params, 1300 / 2 ** 20)) == [["p3"], ["p2", "p1", "p0"]]
-    with pytest.raises(ValueError, match="bucket_cap_mb"):
-        assign_buckets(params, -1)
+def test_bucket_assignment_follows_torch():
+    ts = [torch.empty(n // 4) for n in (40, 1200, 20, 4000)]  # bytes, float32
+    mixed = [t.to(dtype) for t, dtype in zip(ts, [torch.float32, torch.float64] * 2)]
+    assert assign_buckets(ts, [float("inf")]) == [[0, 1, 2, 3]]
+    assert assign_buckets(ts, [0]) == [[0], [1], [2], [3]]
+    # 1,300-byte cap: 40 + 1200 >= 1300? no; + 20: still no; + 4000 closes: one bucket
+    assert assign_buckets(ts, [1300]) == [[0, 1, 2, 3]]
+    assert assign_buckets(ts, [1000]) == [[0, 1], [2, 3]]
+    # the first bucket capped lower than the rest (torch's 1 MiB first bucket)
+    assert assign_buckets(ts, [30, 5000]) == [[0], [1, 2, 3]]
+    # two dtypes never share a bucket; each dtype's first bucket has the first cap
+    assert assign_buckets(mixed, [50, 5000]) == [[1], [0, 2], [3]]
+    assert MiB == 2 ** 20
 
 
 def test_needs_a_process_group():
     with pytest.raises(RuntimeError, match="process group"):
         DistributedDataParallel(nn.Linear(2, 2))
+    with pytest.raises(RuntimeError, match="process group"):
+        BucketedDDP(nn.Linear(2, 2))
 
 
 @pytest.mark.parametrize("argument, value", [
@@ -540,3 +720,7 @@ def test_device_ids_positional_and_unknown_arguments_are_refused_clearly():
         DistributedDataParallel(nn.Linear(2, 2), device_ids=[0, 1])
     with pytest.raises(ValueError, match="device_ids"):
         DistributedDataParallel(nn.Linear(2, 2), device_ids=["cuda:0"])  # module is on the CPU
+    with pytest.raises(ValueError, match="bucket_cap_mb"):
+        DistributedDataParallel(nn.Linear(2, 2), bucket_cap_mb=-1)
+    with pytest.raises(ValueError, match="sparse"):
+        DistributedDataParallel(nn.Embedding(5, 2, sparse=True))

@@ -6,6 +6,8 @@
     per-parameter hooks       lesson 07, step 2: each gradient's hook starts its async all-reduce
     our DDP                   lesson 07, step 3: buckets, all-reduced during backward
     torch DDP                 torch.nn.parallel.DistributedDataParallel
+    our DDP + PowerSGD        our DDP with our powerSGD_hook (lesson 12): rank 2, error
+                              feedback, from step POWERSGD_START on (time steps after it)
 
 A step is forward, nll loss, backward, the strategy's gradient sync, SGD update, on a fixed
 random batch of MNIST's shape: a step's time does not depend on pixel values, and no dataset
@@ -20,14 +22,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
+from dist_sgd.ddp import compress
 from dist_sgd.ddp.ddp import DistributedDataParallel
 from dist_sgd.ddp.steps import HookDDP, NaiveDDP
 from dist_sgd.sgd import models
 
 STRATEGIES = ("single process", "average_gradients", "average_gradients, flat",
-              "per-parameter hooks", "our DDP", "torch DDP")
-ONE_BUCKET = 1024.0  # MiB: what "one bucket" means for torch DDP, which has no None for it
-DEFAULTS = "defaults"  # bucket_cap_mb=DEFAULTS: each DDP's own default (torch: 1 MiB first)
+              "per-parameter hooks", "our DDP", "torch DDP", "our DDP + PowerSGD")
+ONE_BUCKET = 1024.0  # MiB: one bucket for any model here (bucket_cap_mb=None below)
+DEFAULTS = "defaults"  # bucket_cap_mb=DEFAULTS: torch's default, 25 MiB with a 1 MiB first bucket
+POWERSGD_START = 2  # plain all-reduce before it (torch: DDP rebuilds its buckets after step 0)
 
 
 def build(model_name, seed=0):
@@ -45,15 +49,18 @@ def batch(size, seed=0):
 
 
 def wrap(strategy, model, bucket_cap_mb=25.0):
-    """`model` wrapped for `strategy` (bucket_cap_mb: None = one bucket; DEFAULTS)."""
+    """`model` wrapped for `strategy` (bucket_cap_mb: a number; None = one bucket; DEFAULTS)."""
+    cap = {None: ONE_BUCKET, DEFAULTS: None}.get(bucket_cap_mb, bucket_cap_mb)
     if strategy == "our DDP":
-        if bucket_cap_mb == DEFAULTS:
-            return DistributedDataParallel(model)
-        return DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
+        return DistributedDataParallel(model, bucket_cap_mb=cap)
     if strategy == "torch DDP":
-        if bucket_cap_mb == DEFAULTS:
-            return TorchDDP(model)
-        return TorchDDP(model, bucket_cap_mb=ONE_BUCKET if bucket_cap_mb is None else bucket_cap_mb)
+        return TorchDDP(model, bucket_cap_mb=cap)
+    if strategy == "our DDP + PowerSGD":
+        wrapped = DistributedDataParallel(model, bucket_cap_mb=cap)
+        wrapped.register_comm_hook(compress.PowerSGDState(
+            None, matrix_approximation_rank=2, start_powerSGD_iter=POWERSGD_START),
+            compress.powerSGD_hook)
+        return wrapped
     return {"single process": lambda: model,
             "average_gradients": lambda: NaiveDDP(model),
             "average_gradients, flat": lambda: NaiveDDP(model, flat=True),

@@ -19,16 +19,25 @@ _REFUSED = {
     "bucket_cap_mb_list": (None, "ours has one bucket_cap_mb"),
     "batched_grad_copy": (False, "not implemented in ours"),
 }
-# Accepted with torch's meaning, though ours needs no switch for it: unused parameters are
-# always found (find_unused_parameters), a static graph changes nothing (static_graph),
-# check_reduction is a no-op in torch too, and dim only matters for several devices.
-_ACCEPTED = {"find_unused_parameters", "static_graph", "check_reduction", "dim"}
+# Accepted, though ours needs no switch for them: static_graph (ours rebuilds its buckets after
+# the first backward whatever the graph; torch's, with static_graph, after the second),
+# check_reduction (a no-op in torch too), dim (only matters for several devices per process).
+_ACCEPTED = {"static_graph", "check_reduction", "dim"}
 
 
-def check_torch_arguments(bucket_cap_mb, torch_arguments):
-    if not (bucket_cap_mb is None or isinstance(bucket_cap_mb, numbers.Real)):
+def check_torch_arguments(module, bucket_cap_mb, torch_arguments):
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"DistributedDataParallel wraps an nn.Module, got {type(module)}")
+    if isinstance(bucket_cap_mb, bool) or not (bucket_cap_mb is None
+                                               or isinstance(bucket_cap_mb, numbers.Real)):
         raise TypeError(f"bucket_cap_mb must be a number or None, got {bucket_cap_mb!r} "
                         "(torch's second positional argument is device_ids: pass it by name)")
+    if bucket_cap_mb is not None and not bucket_cap_mb >= 0:
+        raise ValueError(f"bucket_cap_mb must be >= 0 or None, got {bucket_cap_mb!r}")
+    sparse = [name for name, m in module.named_modules() if getattr(m, "sparse", False)]
+    if sparse:
+        raise ValueError(f"{sparse[0]} makes sparse gradients (sparse=True): our "
+                         "DistributedDataParallel handles dense gradients only")
     for name, value in torch_arguments.items():
         if name == "process_group" and value is dist.group.WORLD:
             continue  # the default group, named: what ours uses anyway

@@ -79,7 +79,8 @@ def scatter(obj, devices, dim=0):
     if isinstance(obj, list) and obj:
         return [list(parts) for parts in zip(*(scatter(x, devices, dim) for x in obj))]
     if isinstance(obj, dict) and obj:
-        return [type(obj)(items) for items in zip(*(scatter(kv, devices, dim) for kv in obj.items()))]
+        pieces = (scatter(kv, devices, dim) for kv in obj.items())
+        return [type(obj)(items) for items in zip(*pieces)]
     return [obj for _ in devices]
 
 

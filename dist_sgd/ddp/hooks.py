@@ -1,6 +1,9 @@
 """What the DDP wrappers need around autograd and the network, kept apart from their idea.
 
 - call_when_backward_ends(fn): autograd's engine calls fn once the backward pass is over.
+- in_order(start): run start(), which issues collectives, only after every earlier in_order
+  call has issued all of its own: every rank issues them in one order, also when some are
+  issued from callbacks (a PowerSGD bucket's P, then Q).
 - start_all_reduce(tensor, all_reduce): an all-reduce that runs while backward goes on,
   returned as a torch.futures.Future, for torch's dist.all_reduce and for a hand-written,
   blocking one such as dist_sgd.comm.collectives.all_reduce.
@@ -28,6 +31,61 @@ def call_when_backward_ends(callback):
     Only valid while a backward pass runs, i.e. from inside a gradient hook.
     """
     torch._C._ImperativeEngine().queue_callback(callback)
+
+
+# ---- one order of collectives per process -------------------------------------------------
+# Collectives are paired across ranks by the order each rank issues them. A bucket's plain
+# all-reduce is issued when the bucket is launched, in bucket order: the same on every rank.
+# But a communication hook may issue more collectives later, from a callback of its first one
+# (PowerSGD: the P's once the vectors are summed, the Q's once the P's are), on whichever
+# thread finished that. Meanwhile backward launches the next bucket on the main thread: one
+# rank issues "bucket 0's Q, bucket 1's vectors", its peer the reverse, and gloo pairs two
+# messages of different sizes (it aborts: "Received data size doesn't match expected size").
+# So every collective of our DDP goes through one chain per process: the next starts only
+# once the previous has issued everything it will issue.
+_tail = torch.futures.Future()  # done when the last start queued has issued all it will
+_tail.set_result(None)
+_tail_lock = threading.Lock()
+_starting = threading.local()  # set while a start runs: an in_order call inside it is part of it
+
+
+def in_order(start, later=True):
+    """Call start() -> Future once every earlier in_order call has issued all its collectives;
+    returns a Future of start's Future's value (a failure in start is that Future's error).
+
+    later=True: start may issue more collectives until its Future is done (a comm hook), so
+    the next call waits for that. later=False: start issues everything before it returns (one
+    plain all-reduce), so the next may follow at once and plain buckets still overlap.
+    A call made while a start is running (a hook that orders itself, inside our DDP's chain)
+    runs at once: it is part of that start."""
+    global _tail
+    if getattr(_starting, "active", False):
+        return start()
+    result, issued = torch.futures.Future(), torch.futures.Future()
+    with _tail_lock:
+        previous, _tail = _tail, (result if later else issued)
+
+    def run(_):
+        _starting.active = True
+        try:
+            future = start()
+        except BaseException as error:  # noqa: BLE001 - the caller's wait() raises it
+            result.set_exception(error)
+            return
+        finally:
+            _starting.active = False
+            issued.set_result(None)
+        future.add_done_callback(lambda f: _pass_on(f, result))
+
+    previous.add_done_callback(run)  # at once when previous is done; else when it is
+    return result
+
+
+def _pass_on(future, result):
+    try:
+        result.set_result(future.value())
+    except BaseException as error:  # noqa: BLE001
+        result.set_exception(error)
 
 
 # One helper thread per process, shared by every wrapper, for blocking all_reduce functions.
