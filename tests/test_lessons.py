@@ -24,7 +24,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LESSONS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "lessons", "[0-9][0-9]_*.py")))
-CHECK_LINE = re.compile(r"^(?:\[rank \d+\])?\s*(.*): max difference ([-+0-9.e]+|nan|inf) "
+CHECK_LINE = re.compile(r"^(?:\[(?:rank|node) \d+\])?\s*(.*): max difference ([-+0-9.e]+|nan|inf) "
                         r"\(tolerance ([-+0-9.e]+)\)", re.MULTILINE)
 # float32 rounding of numbers near 1 is ~1e-7; a sum of many, ~1e-6. A check with a looser
 # tolerance proves little, so only these (whose unit is not a difference of numbers) may.
