@@ -43,8 +43,8 @@ The benchmark draws figures/comparison_loss.png and comparison_time.png from tho
 Exercises:
   1. Turn dropout back on (Net().train() in Way.__init__): which columns change, and why do
      the ways no longer agree with each other?
-  2. Run with --world-size 4 (oversubscribed on 2 cores): what happens to time per step and the
-     communicating share? Predict it first with the cost model of lesson 10.
+  2. Run with --world-size 4 (oversubscribed on 2 cores): what happens to time per step?
+     Predict it first with the cost model of lesson 10.
   3. Replace Net by BigNet (1.2 M parameters): which way wins now?
   4. Why does DataParallel's peak memory grow with the number of replicas on a GPU, but barely
      on the CPU (hint: what does replicate() copy on the CPU)?
