@@ -81,9 +81,9 @@ def ring_all_reduce(x, trace=None):
     right, left = (r + 1) % p, (r - 1) % p
     chunks = x.tensor_split(p)  # views into x: the result lands in place
     inbox = torch.empty_like(chunks[0])  # chunk 0 is the largest
-    # Reduce-scatter sends the chunk it added into last step (at step s: r-s-1); all-gather
-    # passes on the finished chunk it got last (r-s). Either way the left neighbour sends
-    # the chunk just before ours, the one we add into or take.
+    # At step s the reduce-scatter sends chunk r-s-1 (the one it added into at the step
+    # before; at step 0 its own), the all-gather chunk r-s (the finished one it got last).
+    # Either way the left neighbour sends the chunk just before ours: the one we add or take.
     for phase, lag in (("reduce-scatter", 1), ("all-gather", 0)):
         for step in range(p - 1):
             give = (r - step - lag) % p
