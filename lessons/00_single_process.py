@@ -116,7 +116,8 @@ def main():
     print(f"  conv1.weight std {model.conv1.weight.std().item():.3f} (Kaiming normal, fan_out), "
           f"conv1.bias all zero: {bool((model.conv1.bias == 0).all())}")
 
-    print(f"\n--- 5. the loop: manual update vs torch.optim.SGD(lr={LR}), {compare_steps} steps ---")
+    print(f"\n--- 5. the loop: manual update vs torch.optim.SGD(lr={LR}), {compare_steps} "
+          "steps ---")
     reference = copy.deepcopy(model)  # same starting weights
     optimizer = torch.optim.SGD(reference.parameters(), lr=LR)
     for i, (x, y) in enumerate(loader):
@@ -127,7 +128,8 @@ def main():
         step(reference, x, y, seed=i)  # same batch, same dropout masks
         optimizer.step()
     print(f"  after {compare_steps} steps (loss {loss:.3f}):")
-    print("  " + check("weights, manual update vs torch.optim.SGD", max_diff(model, reference), 1e-5))
+    print("  " + check("weights, manual update vs torch.optim.SGD", max_diff(model, reference),
+                       1e-5))
     print("  equal up to float rounding: torch computes p + (-lr) * grad in one fused "
           "multiply-add, we round lr * grad first (exercise 1); over thousands of steps "
           "such 1e-7 differences grow, as any change does in training")

@@ -36,8 +36,8 @@ Run it (from the repository root):
 Exercises:
   1. Run with --world-size 1: is a group of one useful? (Yes: the same script must also
      run on one machine; collectives become copies.)
-  2. In fail_one_rank, replace the raise with time.sleep(600): what reports the problem,
-     and after how long? (Hint: the `timeout` argument of launch.)
+  2. In run's "fail" part, replace the raise with time.sleep(600): what reports the
+     problem, and after how long? (Hint: the `timeout` argument of launch.)
   3. Start the same file twice by hand with env://: in two shells set MASTER_ADDR=127.0.0.1,
      MASTER_PORT=<a free port>, WORLD_SIZE=2 and RANK=0 / RANK=1, then run it.
   4. Which init method would you use on a cluster with no shared filesystem? Without DNS?
@@ -67,15 +67,21 @@ Backends: the library that moves the bytes.
 Available here: """
 
 
-def run(rank, size, method):
-    """What every rank does inside the group."""
-    rank_print(f"{method}: I am rank {dist.get_rank()} of {dist.get_world_size()} "
+def run(rank, size, part):
+    """What every rank does inside the group: part names how the group was joined, or, for
+    part "fail", the last rank gives up while the others wait for it at a barrier."""
+    if part == "fail":
+        dist.barrier()
+        if rank == size - 1:
+            raise RuntimeError(f"rank {rank} gives up on purpose")
+        dist.barrier()  # the others wait here for a rank that will never come
+    rank_print(f"{part}: I am rank {dist.get_rank()} of {dist.get_world_size()} "
                f"(backend {dist.get_backend()}, pid {os.getpid()})")
     dist.barrier()  # nobody passes until all ranks have arrived
     total = torch.tensor([rank + 1.0])  # rank r contributes r + 1 ...
     dist.all_reduce(total)  # ... and every rank receives the sum 1 + 2 + ... + size
     expected = size * (size + 1) / 2
-    log(check(f"{method} all-reduce of rank+1 vs N(N+1)/2 = {expected:g}",
+    log(check(f"{part} all-reduce of rank+1 vs N(N+1)/2 = {expected:g}",
               abs(total.item() - expected), 0))
     return total.item()
 
@@ -111,13 +117,6 @@ def start_processes(size):
         raise SystemExit(f"a rank failed: exit codes {codes}")
 
 
-def fail_one_rank(rank, size):
-    dist.barrier()
-    if rank == size - 1:
-        raise RuntimeError(f"rank {rank} gives up on purpose")
-    dist.barrier()  # the others wait here for a rank that will never come
-
-
 def main():
     args = lesson_parser(__doc__).parse_args()
     log(BACKENDS + ", ".join(f"{b}={getattr(dist, f'is_{b}_available')()}"
@@ -144,7 +143,7 @@ def main():
         "barrier ---")
     start = time.perf_counter()
     try:
-        launch(fail_one_rank, args.world_size, backend=args.backend)
+        launch(run, args.world_size, "fail", backend=args.backend)
         raise AssertionError("the failing launch did not fail")
     except RankError as e:
         lines = str(e).splitlines()

@@ -72,7 +72,8 @@ def ring_sum(rank, size, blocking):
             requests = [dist.irecv(arrived, left), dist.isend(travelling, right)]
             if dist.get_backend() == "nccl":  # NCCL: a send and a receive between the same
                 requests = dist.batch_isend_irecv([  # two ranks must be launched together
-                    dist.P2POp(dist.irecv, arrived, left), dist.P2POp(dist.isend, travelling, right)])
+                    dist.P2POp(dist.irecv, arrived, left),
+                    dist.P2POp(dist.isend, travelling, right)])
             for request in requests:
                 request.wait()
         total += arrived
@@ -120,7 +121,8 @@ def buffer_rule(rank):
         rank_print(f"rank 0 sent ones, then overwrote them with 2.0 before wait(): "
                    f"{int((got == 2.0).sum()):,} of {n:,} values arrived as 2.0 (undefined "
                    "behaviour: it depends on the backend and on timing)")
-        rank_print(check("sending a copy instead: received vs ones", max_diff(got_safe, torch.ones_like(got_safe)), 0.0))
+        rank_print(check("sending a copy instead: received vs ones",
+                         max_diff(got_safe, torch.ones_like(got_safe)), 0.0))
     dist.barrier()  # let rank 1 finish its story before rank 0 prints the next part
 
 
@@ -139,7 +141,7 @@ def ping_pong_by_hand(rank, nbytes, round_trips=20):
     return (time.perf_counter() - start) / round_trips / 2
 
 
-def lesson(rank, size, quick):
+def run(rank, size, args):
     log(f"\n--- 1. blocking send/recv around a ring of {size} ---")
     ring_sum(rank, size, blocking=True)
     log("\n--- 2. non-blocking irecv/isend + wait(), the same ring ---")
@@ -152,24 +154,27 @@ def lesson(rank, size, quick):
     log("\n--- 4. ping-pong between ranks 0 and 1, by hand (20 round trips each) ---")
     for nbytes in (8, 2 ** 16, 2 ** 22):
         log(f"{nbytes:>10,} bytes: one-way {ping_pong_by_hand(rank, nbytes) * 1e6:9.1f} us")
-    repeats = 5 if quick else 20
+    repeats = 5 if args.quick else 20
     log(f"\nmeasured: the same loop timed interleaved over sizes, median of {repeats} samples")
-    rows = ping_pong(QUICK_SIZES if quick else SIZES, repeats=repeats)
+    rows = ping_pong(QUICK_SIZES if args.quick else SIZES, repeats=repeats)
     alpha, beta = fit_alpha_beta([r["bytes"] for r in rows], [r["seconds"] for r in rows])
     log(f"{'bytes':>10} {'one-way':>10} {'min':>10} {'max':>10} {'GB/s':>7} {'alpha+beta*n':>13}")
     for r in rows:
         log(f"{r['bytes']:>10,} {r['seconds'] * 1e6:>8.1f}us {r['min'] * 1e6:>8.1f}us "
-            f"{r['max'] * 1e6:>8.1f}us {r['bandwidth'] / 1e9:>7.3f} {(alpha + beta * r['bytes']) * 1e6:>11.1f}us")
-    bandwidth = 1 / beta / 1e9 if beta > 0 else float("inf")
-    log(f"fit: alpha = {alpha * 1e6:.1f} us per message, beta = {beta * 1e9:.3f} ns per byte "
-        f"({bandwidth:.2f} GB/s): a message must be about alpha/beta = "
-        f"{alpha / beta if beta > 0 else float('inf'):,.0f} bytes before its bytes cost as much as its latency")
+            f"{r['max'] * 1e6:>8.1f}us {r['bandwidth'] / 1e9:>7.3f} "
+            f"{(alpha + beta * r['bytes']) * 1e6:>11.1f}us")
+    log(f"fit: alpha = {alpha * 1e6:.1f} us per message, beta = {beta * 1e9:.3f} ns per byte")
+    if beta <= 0:  # the fit keeps beta >= 0: 0 means these sizes could not resolve it
+        log("beta ~ 0: the cost of a byte is lost in the noise at these sizes")
+    else:
+        log(f"({1 / beta / 1e9:.2f} GB/s): a message must be about alpha/beta = "
+            f"{alpha / beta:,.0f} bytes before its bytes cost as much as its latency")
     return rows
 
 
 def main():
     args = lesson_parser(__doc__).parse_args()
-    launch(lesson, args.world_size, args.quick, backend=args.backend)
+    launch(run, args.world_size, args, backend=args.backend)
 
 
 if __name__ == "__main__":

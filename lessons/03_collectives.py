@@ -43,7 +43,6 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed import ReduceOp
 
 from dist_sgd.comm import collectives as ours
 from dist_sgd.plumbing.check import check, max_diff
@@ -54,7 +53,8 @@ from dist_sgd.plumbing.rank import device, log
 def each_rank(t):
     """Every rank's value of t (a tensor, a list of tensors or None), in rank order."""
     values = [None] * dist.get_world_size()
-    dist.all_gather_object(values, t.tolist() if isinstance(t, torch.Tensor) else t and [x.tolist() for x in t])
+    dist.all_gather_object(values, t.tolist() if isinstance(t, torch.Tensor)
+                           else t and [x.tolist() for x in t])
     return values
 
 
@@ -70,9 +70,8 @@ def show(label, t):
 
 
 def compare(what, got, expected, tolerance=0.0, here=True):
-    """Ours vs torch's, on every rank where `here`: the largest difference over all ranks."""
-    if isinstance(got, list):
-        got, expected = torch.stack(got), torch.stack(expected)
+    """Ours vs torch's (tensors or lists of them), on every rank where `here`: the largest
+    difference over all ranks."""
     diffs = each_rank(torch.tensor(max_diff(got, expected) if here else 0.0))
     log(check(f"{what} vs torch", max(diffs), tolerance))
 
@@ -83,7 +82,7 @@ def section(title, picture):
         log("  " + line)
 
 
-def lesson(rank, size, quick):
+def run(rank, size, args):
     dev = device()
     root = size - 1  # a root other than 0: the algorithms must not assume rank 0
     mine = lambda: torch.arange(4, dtype=torch.float32, device=dev) + 10 * rank  # noqa: E731
@@ -113,7 +112,7 @@ up the same tree, adding as it goes: partial sums meet at the dst""")
     section("all_reduce(tensor, op=...) with SUM, AVG and MAX", """
 before: r0 [A]  r1 [B]  r2 [C]       after: everyone [A+B+C]  (AVG: divided by 3)
 ours: ring reduce-scatter + all-gather over chunks (lesson 04 shows the steps)""")
-    for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX):
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX):
         t, o = mine(), mine()
         dist.all_reduce(t, op=op)
         ours.all_reduce(o, op=op)
@@ -175,8 +174,9 @@ ours: a dissemination barrier, ceil(log2 p) rounds of tiny messages""")
     log(check("barrier: latest arrival minus earliest departure (s)",
               max(0.0, max(a for a, _ in times) - min(b for _, b in times)), 0.05))
 
-    n = 1001 if quick else 1 << 20
-    section(f"the same on {n:,} random float32 numbers per rank (sums in another order: last bits)", "")
+    n = 1001 if args.quick else 1 << 20
+    section(f"the same on {n:,} random float32 numbers per rank (sums in another order: "
+            "last bits)", "")
     x = torch.randn(n, generator=torch.Generator().manual_seed(rank)).to(dev)
     t, o = x.clone(), x.clone()
     dist.all_reduce(t)
@@ -191,7 +191,7 @@ ours: a dissemination barrier, ceil(log2 p) rounds of tiny messages""")
 
 def main():
     args = lesson_parser(__doc__, world_size=4).parse_args()
-    launch(lesson, args.world_size, args.quick, backend=args.backend)
+    launch(run, args.world_size, args, backend=args.backend)
 
 
 if __name__ == "__main__":

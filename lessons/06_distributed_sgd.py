@@ -38,7 +38,7 @@ cores each all-reduce waits for a rank that is not running (the "sync" share pri
 
 Run:
     python lessons/06_distributed_sgd.py --world-size 2
-    python lessons/06_distributed_sgd.py --world-sizes 1 2 4 --epochs 2   # the README table
+    python lessons/06_distributed_sgd.py --world-size 1 2 4 --epochs 2   # the README table
     torchrun --standalone --nproc-per-node 2 lessons/06_distributed_sgd.py
 
 Exercises:
@@ -64,7 +64,8 @@ from dist_sgd.plumbing.rank import device, log
 from dist_sgd.sgd.models import Net
 from dist_sgd.sgd.optim import SGD
 from dist_sgd.sgd.sync import average_gradients, broadcast_parameters
-from dist_sgd.sgd.train import evaluate, format_test, max_diff_across_ranks, per_rank_batch, shard_loader
+from dist_sgd.sgd.train import (evaluate, format_test, max_diff_across_ranks, per_rank_batch,
+                                shard_loader)
 
 LR, MOMENTUM, SEED = 0.01, 0.5, 1  # the old example's settings
 CHECK_STEPS, MICRO_BATCHES = 5, 4
@@ -122,13 +123,13 @@ def check_accumulation(rank, world_size, model, images, labels, batch, k=MICRO_B
               max_diff(acc, big), 1e-12))
 
 
-def run(rank, world_size, cfg):
-    train = get_dataset(cfg["dataset"], quiet=True)
-    test = get_dataset(cfg["dataset"], train=False, quiet=True)
-    if cfg["quick"]:  # a slice keeps --quick short; same code path otherwise
+def run(rank, world_size, args):
+    train = get_dataset(args.dataset, quiet=True)
+    test = get_dataset(args.dataset, train=False, quiet=True)
+    if args.quick:  # a slice keeps --quick short; same code path otherwise
         train = TensorDataset(*(t[:3072] for t in train.tensors))
         test = TensorDataset(*(t[:1000] for t in test.tensors))
-    batch, b = cfg["batch"], per_rank_batch(cfg["batch"], world_size)
+    batch, b = args.batch_size, per_rank_batch(args.batch_size, world_size)
     log(f"\n=== world size {world_size}: global batch {batch} = {world_size} x {b} items ===")
     torch.manual_seed(SEED + rank)  # each rank initializes its own, different, random model
     model = Net().to(device())
@@ -145,7 +146,7 @@ def run(rank, world_size, cfg):
     loader = shard_loader(train, batch, seed=SEED)  # this rank's shard, b items per step
     optimizer = SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     row = {"world_size": world_size, "b": b, "epochs": []}
-    for epoch in range(1, cfg["epochs"] + 1):
+    for epoch in range(1, args.epochs + 1):
         loader.sampler.set_epoch(epoch)  # a new shuffle, the same on every rank
         model.train()
         start, synced = time.perf_counter(), 0.0
@@ -161,29 +162,26 @@ def run(rank, world_size, cfg):
 
 
 def main():
-    parser = lesson_parser(__doc__)
-    parser.add_argument("--world-sizes", type=int, nargs="+", metavar="R",
-                        help="run these world sizes one after another, e.g. 1 2 4 (a table)")
+    parser = lesson_parser(__doc__, world_size=[2])  # several sizes, one after another: a table
     parser.add_argument("--epochs", type=int, default=None, help="default 2 (1 with --quick)")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help="GLOBAL batch, split evenly over the ranks (default 64; 48 with --quick)")
+                        help="GLOBAL batch, split over the ranks (default 64; 48 with --quick)")
     args = parser.parse_args()
-    cfg = {"quick": args.quick, "epochs": args.epochs or (1 if args.quick else 2),
-           "batch": args.batch_size or (48 if args.quick else 64),
-           "dataset": get_dataset("auto").name}  # says which dataset and why
-    world_sizes = args.world_sizes or [args.world_size]
-    for ws in world_sizes:
+    args.epochs = args.epochs or (1 if args.quick else 2)
+    args.batch_size = args.batch_size or (48 if args.quick else 64)
+    args.dataset = get_dataset("auto").name  # says which dataset and why
+    for ws in args.world_size:
         try:
-            per_rank_batch(cfg["batch"], ws)
+            per_rank_batch(args.batch_size, ws)
         except ValueError as e:
             parser.error(str(e))  # before starting anything
     rows = []
-    for ws in world_sizes:
-        results = launch(run, ws, cfg, backend=args.backend)
+    for ws in args.world_size:
+        results = launch(run, ws, args, backend=args.backend)
         if results is not None:  # the process that reports: every rank's row, by rank
             rows.append(results[0])
     if len(rows) > 1:
-        log(f"\nsummary ({cfg['dataset']}, global batch {cfg['batch']}; times on this machine):")
+        log(f"\nsummary ({args.dataset}, global batch {args.batch_size}; times on this machine):")
         log("world size | per-rank batch | accuracy, s/epoch, sync share per epoch")
         for r in rows:
             log(f"{r['world_size']:>10} | {r['b']:>14} | " + " | ".join(

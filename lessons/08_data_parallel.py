@@ -67,8 +67,10 @@ def grads(model):
     return [p.grad for p in model.parameters()]
 
 
-def demo(rank, world_size, replicas, dataset_name, quick):
-    images, labels = get_dataset(dataset_name, quiet=True).tensors
+def run(rank, world_size, args):
+    """One rank (this lesson needs no group); args.world_size replicas in threads."""
+    replicas, quick = args.world_size, args.quick
+    images, labels = get_dataset(args.dataset, quiet=True).tensors
     batch = 64
     x, y = images[:batch], labels[:batch]
     devices = [torch.device("cpu")] * replicas
@@ -133,10 +135,10 @@ def main():
     args = parser.parse_args()
     if args.world_size < 1:
         parser.error(f"--world-size (the number of replicas) must be >= 1, got {args.world_size}")
-    dataset_name = get_dataset("auto").name
+    args.dataset = get_dataset("auto").name
     # One process: DataParallel needs no group. launch() gives it a clean process with one
     # thread per kernel, so the only parallelism left is the replicas' threads.
-    launch(demo, 1, args.world_size, dataset_name, args.quick, backend=args.backend)
+    launch(run, 1, args, backend=args.backend)
 
 
 if __name__ == "__main__":

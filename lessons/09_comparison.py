@@ -12,16 +12,15 @@ The comparison loop is below: the three distributed ways train in one process gr
 turns step by step (the order rotates, so a burst of load on a shared machine hits them all
 alike); rank r takes the r-th slice of each global batch. Then the launching process (rank 0
 under torchrun) trains the one-process ways the same way, on one thread. The network is Net
-with dropout off (eval
-mode): with dropout on, every way would draw different masks and we would compare random
-numbers, not arithmetic.
+with dropout off (eval mode): with dropout on, every way would draw different masks and we
+would compare random numbers, not arithmetic.
 
 For each way: the largest gradient difference at the first step and weight difference after
 10 steps (checked: float32 rounding only), and at the end of the epoch, against the single
-process and against torch DDP; test accuracy; time per step (median, slowest rank); the share
-of a step spent communicating (1 - the same step without gradient sync, timed between real
-steps, / the step; for DataParallel: its scatter, replicate and gather / the step); the loss
+process and against torch DDP; test accuracy; time per step (median, slowest rank); the loss
 of every global batch; and peak memory per process (over all the ways that process trained).
+Where a step's time goes (computing, communicating, waiting) is the benchmark's breakdown
+figure (`python -m dist_sgd.bench breakdown`).
 
 What to expect: the differences start as float32 rounding (about 1e-8: the same numbers added
 in another order). Over an epoch they grow, because a tiny difference can tip a ReLU or a
@@ -44,8 +43,8 @@ The benchmark draws figures/comparison_loss.png and comparison_time.png from tho
 Exercises:
   1. Turn dropout back on (Net().train() in Way.__init__): which columns change, and why do
      the ways no longer agree with each other?
-  2. Run with --world-size 4 (oversubscribed on 2 cores): what happens to time per step and the
-     communicating share? Predict it first with the cost model of lesson 10.
+  2. Run with --world-size 4 (oversubscribed on 2 cores): what happens to time per step?
+     Predict it first with the cost model of lesson 10.
   3. Replace Net by BigNet (1.2 M parameters): which way wins now?
   4. Why does DataParallel's peak memory grow with the number of replicas on a GPU, but barely
      on the CPU (hint: what does replicate() copy on the CPU)?
@@ -58,14 +57,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
+from torch.utils.data import TensorDataset
 
-from dist_sgd.plumbing.check import check, max_diff
-from dist_sgd.sgd.data import get_dataset
 from dist_sgd.ddp.data_parallel import DataParallel
 from dist_sgd.ddp.ddp import DistributedDataParallel
+from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.figures import write_csv
 from dist_sgd.plumbing.launch import launch, lesson_parser
-from dist_sgd.plumbing.rank import device, log
+from dist_sgd.plumbing.rank import device, log, world
+from dist_sgd.sgd.data import get_dataset
 from dist_sgd.sgd.models import Net
 from dist_sgd.sgd.optim import SGD
 from dist_sgd.sgd.sync import average_gradients
@@ -76,12 +76,16 @@ GLOBAL_BATCH, EARLY = 96, 10  # 96 divides over 1, 2, 3 and 4 ranks; weights che
 
 
 def wrap(name, model, replicas):
-    return {"our DDP": lambda: DistributedDataParallel(model),
-            "torch DDP": lambda: TorchDDP(model, device_ids=[device().index] if device().index is not None else None),
-            "our DataParallel": lambda: DataParallel(
-                model, device_ids=list(range(n)) if (n := torch.cuda.device_count()) > 1 else ["cpu"] * replicas),
-            "torch DataParallel": lambda: torch.nn.DataParallel(model),
-            }.get(name, lambda: model)()  # single process; average_gradients: called by hand
+    gpus = torch.cuda.device_count()
+    if name == "our DDP":
+        return DistributedDataParallel(model)
+    if name == "torch DDP":
+        return TorchDDP(model, device_ids=None if device().index is None else [device().index])
+    if name == "our DataParallel":
+        return DataParallel(model, device_ids=list(range(gpus)) if gpus > 1 else ["cpu"] * replicas)
+    if name == "torch DataParallel":
+        return torch.nn.DataParallel(model)
+    return model  # the single process; average_gradients is called by hand after backward
 
 
 class Way:
@@ -89,13 +93,14 @@ class Way:
 
     def __init__(self, name, replicas):
         self.name, self.distributed = name, name in DISTRIBUTED
-        self.rank, self.ranks = (dist.get_rank(), dist.get_world_size()) if self.distributed else (0, 1)
-        self.home = device() if self.distributed else "cuda" if torch.cuda.device_count() > 1 else "cpu"
+        self.rank, self.ranks = world() if self.distributed else (0, 1)
+        gpus = torch.cuda.device_count()
+        self.home = device() if self.distributed else "cuda" if gpus > 1 else "cpu"
         torch.manual_seed(0)  # the same start for every way
         self.model = Net().to(self.home).eval()  # eval: dropout off (see the docstring)
         self.wrapped = wrap(name, self.model, replicas)
         self.opt = SGD(self.model.parameters(), lr=0.01, momentum=0.5)
-        self.losses, self.times, self.compute, self.dp_times = [], [], [], []
+        self.losses, self.times = [], []
 
     def step(self, i, x, y):
         x, y = (t.chunk(self.ranks)[self.rank].to(self.home) for t in (x, y))  # my slice
@@ -114,21 +119,6 @@ class Way:
         if i + 1 == EARLY:
             self.early = [p.detach().cpu().clone() for p in self.model.parameters()]
         self.losses.append(loss.item())
-        phases = getattr(self.wrapped, "last_times", {})  # DataParallel's own timing
-        self.dp_times.append(sum(phases.get(k, 0.0) for k in ("scatter", "replicate", "gather")))
-        if self.distributed and i % 10 == 9:
-            self.compute.append(self.compute_only(x, y))
-
-    def compute_only(self, x, y):
-        # The same step without gradient sync (its gradients are thrown away), slowest rank.
-        dist.barrier()
-        start = time.perf_counter()
-        # average_gradients syncs nothing in backward (enable_grad: a context that changes nothing)
-        with self.wrapped.no_sync() if hasattr(self.wrapped, "no_sync") else torch.enable_grad():
-            F.nll_loss(self.wrapped(x), y).backward()  # the next step's zero_grad drops these
-        t = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device())
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.item()
 
     def result(self, test):
         losses = torch.tensor(self.losses, dtype=torch.float64, device=device())
@@ -137,24 +127,23 @@ class Way:
             dist.all_reduce(losses)
             dist.all_reduce(times, op=dist.ReduceOp.MAX)
         step = statistics.median(times.tolist() or [float("nan")])
-        share = 1 - statistics.median(self.compute) / step if self.compute else \
-            statistics.median(self.dp_times) / step
         return {"strategy": self.name, "processes": self.ranks, "first_grads": self.first_grads,
                 "early": self.early, "weights": [p.detach().cpu() for p in self.model.parameters()],
                 "losses": (losses / self.ranks).tolist(), "step_ms": 1e3 * step,
-                "accuracy": evaluate(self.model, test)["accuracy"], "comm_share": max(0.0, share),
-                "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
+                "accuracy": evaluate(self.model, test)["accuracy"],
+                "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # KiB
 
 
-def train_side_by_side(rank, replicas, names, quick):
-    # The same global batches for every way, taking turns: this is the function of every rank
-    # (the distributed ways), and called plainly for the one-process ways.
+def run(rank, world_size, args, names=DISTRIBUTED):
+    # The same global batches for every way in `names`, taking turns: on every rank for the
+    # distributed ways, and called plainly (rank 0 of 1) for the one-process ways.
     train = get_dataset("auto", quiet=dist.is_initialized())  # says which dataset and why, once
     test = get_dataset("auto", train=False, quiet=True)
-    test = torch.utils.data.TensorDataset(*(t[:500 if quick else None] for t in test.tensors))
-    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:960 if quick else None]
-    ways = [Way(name, replicas) for name in names]
-    for i, idx in enumerate(order[:len(order) // GLOBAL_BATCH * GLOBAL_BATCH].split(GLOBAL_BATCH)):
+    test = TensorDataset(*(t[:500 if args.quick else None] for t in test.tensors))
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))
+    order = order[:960 if args.quick else len(order) // GLOBAL_BATCH * GLOBAL_BATCH]
+    ways = [Way(name, args.world_size) for name in names]
+    for i, idx in enumerate(order.split(GLOBAL_BATCH)):
         k = i % len(ways)
         for way in ways[k:] + ways[:k]:  # take turns, the order rotating every step
             way.step(i, *train[idx])
@@ -162,25 +151,30 @@ def train_side_by_side(rank, replicas, names, quick):
 
 
 def report(results, save):
-    single, torch_ddp = results[0], next(r for r in results if r["strategy"] == "torch DDP")
+    single, theirs = results[0], next(r for r in results if r["strategy"] == "torch DDP")
     rows = [{"strategy": r["strategy"], "processes": r["processes"],
              "max_grad_diff": max_diff(r["first_grads"], single["first_grads"]),
              "max_weight_diff_early": max_diff(r["early"], single["early"]),
              "max_weight_diff": max_diff(r["weights"], single["weights"]),
-             "vs_torch_ddp": max_diff(r["weights"], torch_ddp["weights"]), "steps": len(r["losses"]),
-             "final_loss": r["losses"][-1], "accuracy": r["accuracy"], "step_ms": r["step_ms"],
-             "comm_share": r["comm_share"], "peak_mib": r["peak_mib"], "memory": "cumulative"}
-            for r in results]
-    log(f"\n{'way':19s} procs  largest difference: grads step 1, weights step {EARLY}, end, vs torch "
-        "DDP   test acc.  ms/step  comm.  peak MiB\n" + "\n".join(
-            f"{r['strategy']:19s} {r['processes']:5d}  {r['max_grad_diff']:8.1e} {r['max_weight_diff_early']:8.1e} "
-            f"{r['max_weight_diff']:8.1e} {r['vs_torch_ddp']:8.1e}     {r['accuracy']:7.2%} "
-            f"{r['step_ms']:8.2f} {r['comm_share']:6.0%} {r['peak_mib']:9.0f}" for r in rows) + "\n")
+             "vs_torch_ddp": max_diff(r["weights"], theirs["weights"]),
+             "steps": len(r["losses"]), "final_loss": r["losses"][-1],
+             **{k: r[k] for k in ("accuracy", "step_ms", "peak_mib")},
+             "memory": "cumulative"} for r in results]
+    log(f"\n{'way':19s} procs  largest difference: grads step 1, weights step {EARLY}, end, "
+        "vs torch DDP   test acc.  ms/step  peak MiB")
+    for r in rows:
+        log(f"{r['strategy']:19s} {r['processes']:5d}  {r['max_grad_diff']:8.1e} "
+            f"{r['max_weight_diff_early']:8.1e} {r['max_weight_diff']:8.1e} "
+            f"{r['vs_torch_ddp']:8.1e}     {r['accuracy']:7.2%} {r['step_ms']:8.2f} "
+            f"{r['peak_mib']:9.0f}")
     for r in rows[1:]:
-        log(check(f"{r['strategy']}: gradients at step 1 vs single process", r["max_grad_diff"], 1e-5))
-        log(check(f"{r['strategy']}: weights after {EARLY} steps vs single", r["max_weight_diff_early"], 1e-5))
-    log(f"after all {rows[0]['steps']} steps the weights differ by up to {max(r['max_weight_diff'] for r in rows):.1e}:"
-        " the same rounding, amplified (a ReLU or max-pool tips the other way); see the accuracies.")
+        log(check(f"{r['strategy']}: gradients at step 1 vs single process", r["max_grad_diff"],
+                  1e-5))
+        log(check(f"{r['strategy']}: weights after {EARLY} steps vs single",
+                  r["max_weight_diff_early"], 1e-5))
+    log(f"after all {rows[0]['steps']} steps the weights differ by up to "
+        f"{max(r['max_weight_diff'] for r in rows):.1e}: the same rounding, amplified (a ReLU or "
+        "max-pool tips the other way); see the accuracies.")
     if save:
         curves = write_csv("comparison_loss", [{"strategy": r["strategy"], "step": i, "loss": v}
                                                for r in results for i, v in enumerate(r["losses"])])
@@ -189,18 +183,17 @@ def report(results, save):
 
 
 def main():
-    parser = lesson_parser(__doc__)
-    parser.add_argument("--save-figures", action="store_true",
-                        help="write figures/comparison.csv and comparison_loss.csv")
-    args = parser.parse_args()
-    per_rank_batch(GLOBAL_BATCH, args.world_size)  # a clear error when 96 does not divide
-    log(f"training {', '.join(DISTRIBUTED)} on {args.world_size} ranks, then the one-process ways here")
-    results = launch(train_side_by_side, args.world_size, DISTRIBUTED, args.quick)
+    args = lesson_parser(__doc__, save_figures=True).parse_args()
+    per_rank_batch(GLOBAL_BATCH, args.world_size)  # a clear error, before anything starts
+    log(f"training {', '.join(DISTRIBUTED)} on {args.world_size} ranks, then the one-process "
+        "ways here")
+    results = launch(run, args.world_size, args, backend=args.backend)
     if results is not None:  # then the one-process ways, here, side by side on one thread each
         torch.set_num_threads(1)
-        local = train_side_by_side(0, args.world_size, ["single process", "our DataParallel"] + [
-            "torch DataParallel"] * (torch.cuda.device_count() > 1), args.quick)
-        report(local[:1] + results[0] + local[1:], args.save_figures)  # in the order of lessons 06-09
+        local = ["single process", "our DataParallel"]
+        local += ["torch DataParallel"] * (torch.cuda.device_count() > 1)
+        local = run(0, 1, args, local)
+        report(local[:1] + results[0] + local[1:], args.save_figures)  # lessons 06-09's order
 
 
 if __name__ == "__main__":

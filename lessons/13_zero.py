@@ -34,7 +34,7 @@ the saved memory buys a larger model or batch, which is what ZeRO is for.
 
 Run:
     python lessons/13_zero.py                      # world sizes 1, 2, 3, 4
-    python lessons/13_zero.py --quick              # tiny model, world sizes 1 and 2
+    python lessons/13_zero.py --quick              # tiny model, world sizes 1, 2, 3, 4
     python lessons/13_zero.py --world-size 3       # one world size
     torchrun --standalone --nproc-per-node 2 lessons/13_zero.py
 
@@ -87,14 +87,16 @@ def held_bytes(model, opt):
             "state": count(state)}
 
 
-def run(rank, world_size, width, depth, batch):
+def run(rank, world_size, args):
+    width, depth, batch = args.width, args.depth, args.batch
     torch.manual_seed(100 + rank)  # every rank its own batch
     x, y = torch.randn(batch, width), torch.randn(batch, width)
     # 1. Memory, bytes and time, in float32: plain data parallelism (average_gradients, then
     # the full Adam on every rank) against ZeRO-1 in both schemes (the optimizer averages).
     plain_model = make_model(width, depth)
     plain = torch.optim.Adam(plain_model.parameters(), lr=LR)
-    train_step(plain_model, plain, x, y, before_step=lambda: average_gradients(plain_model, flat=True))
+    train_step(plain_model, plain, x, y,
+               before_step=lambda: average_gradients(plain_model, flat=True))
     steps = {"plain Adam": lambda: (average_gradients(plain_model, flat=True), plain.step())}
     out = {"plain": held_bytes(plain_model, plain), "bytes": {}, "diffs": {}}
     n_bytes = out["plain"]["grads"]
@@ -108,10 +110,11 @@ def run(rank, world_size, width, depth, batch):
         steps[f"ZeRO-1 {scheme}"] = opt.step
     # Gradients averaged by DDP: its all-reduce, then only the all-gather of the parameters.
     shared = sum(wire_bytes(c, n, world_size) for c, n in opt.comm_log if c == "all_gather")
-    out["bytes"]["our DDP + ZeRO-1 all_gather"] = wire_bytes("all_reduce", n_bytes, world_size) + shared
+    out["bytes"]["our DDP + ZeRO-1 all_gather"] = shared + wire_bytes("all_reduce", n_bytes,
+                                                                      world_size)
     # Time per step, alternated (A B C A B C ...), medians over ranks' slowest: the gradients
     # are there already, so this is the communication and the update only.
-    samples = time_alternating(steps, repeats=3 if batch < 32 else 15)
+    samples = time_alternating(steps, repeats=3 if args.quick else 15)
     out["ms"] = {k: 1e3 * summarize(v)["median"] for k, v in samples.items()}
 
     # 2. Equal to plain Adam, in float64 so that "equal" means rounding only (the sums of the
@@ -169,17 +172,15 @@ def report(world_size, results):
 
 
 def main():
-    parser = lesson_parser(__doc__)
-    parser.set_defaults(world_size=None)  # no --world-size: 1, 2, 3 and 4 in turn (--quick: 1, 2)
-    args = parser.parse_args()
-    width, depth, batch = (64, 8, 16) if args.quick else (512, 12, 64)
-    world_sizes = [args.world_size] if args.world_size else [1, 2] if args.quick else [1, 2, 3, 4]
+    args = lesson_parser(__doc__, world_size=[1, 2, 3, 4]).parse_args()  # one after another
+    args.width, args.depth, args.batch = (64, 8, 16) if args.quick else (512, 12, 64)
     if under_torchrun():
-        world_sizes = [int(os.environ["WORLD_SIZE"])]  # torchrun made the group already
-    log(f"model: {depth} x Linear({width}, {width}) = {depth * (width + 1) * width:,} float32 "
-        f"parameters; Adam (lr {LR}); per-rank batch {batch}")
-    for ws in world_sizes:
-        results = launch(run, ws, width, depth, batch, backend=args.backend)
+        args.world_size = [int(os.environ["WORLD_SIZE"])]  # torchrun made the group already
+    log(f"model: {args.depth} x Linear({args.width}, {args.width}) = "
+        f"{args.depth * (args.width + 1) * args.width:,} float32 parameters; Adam (lr {LR}); "
+        f"per-rank batch {args.batch}")
+    for ws in args.world_size:
+        results = launch(run, ws, args, backend=args.backend)
         if results is not None:
             report(ws, results)
     log("\nOn this machine the ranks share 2 cores: more ranks are not faster, and the time "

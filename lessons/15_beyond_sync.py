@@ -81,7 +81,7 @@ def fresh(seed_for_dropout):
     return model
 
 
-def train(rank, world_size, steps, data):
+def run(rank, world_size, args, data):
     servers, workers = ps.roles(world_size)  # [0] and [1, .., W]
     group = dist.new_group(workers)  # every rank must create it; only workers use it
     W = len(workers)
@@ -104,7 +104,7 @@ def train(rank, world_size, steps, data):
         if period:
             local = LocalSGD(model.parameters(), period=period, group=group)
         rec, start, snapshot = [], time.perf_counter(), None
-        for k in range(steps):
+        for k in range(args.steps):
             loss = gradient(model, k, slow=False)
             if local is None:  # average the gradients: one all-reduce per step
                 for p in model.parameters():
@@ -116,12 +116,13 @@ def train(rank, world_size, steps, data):
             rec.append((time.perf_counter() - start, loss))
             snapshot = ps.flat_weights(model).clone() if k + 1 == CHECK_STEPS else snapshot
         n = sum(p.numel() * p.element_size() for p in model.parameters())
-        sent = local.bytes_per_sync * local.syncs if local else 2 * (W - 1) / W * n * steps
+        sent = local.bytes_per_sync * local.syncs if local else 2 * (W - 1) / W * n * args.steps
         return {"rec": rec, "bytes": sent, "weights": ps.flat_weights(model), "check": snapshot}
 
     def parameter_server(mode, slow):
         model = fresh(rank)
-        updates = steps if mode == "sync" else steps * W  # the same number of items either way
+        # The same number of items either way: async steps are W times smaller.
+        updates = args.steps if mode == "sync" else args.steps * W
         if rank in servers:
             # async: a step of GLOBAL_BATCH / W items gets lr / W (the same lr per item)
             return ps.ParameterServer(model, servers, workers, LR if mode == "sync" else LR / W,
@@ -144,19 +145,19 @@ def train(rank, world_size, steps, data):
             "async PS, 1 slow worker": lambda: parameter_server("async", slow=True),
             **{f"local SGD H={h}": (lambda h=h: synchronous(period=h)) for h in (1, 4, 16)}}
     out = {}
-    for name, run in runs.items():
+    for name, method in runs.items():
         if rank in workers or "PS" in name:
-            out[name] = run()
+            out[name] = method()
         dist.barrier()  # one method at a time: they must not share the cores
     return out
 
 
 def main():
     args = lesson_parser(__doc__, world_size=3).parse_args()
-    steps = 20 if args.quick else 150
+    steps = args.steps = 20 if args.quick else 150
     # The first steps * GLOBAL_BATCH training images: what every method sees, loaded once here.
     data = TensorDataset(*(t[:steps * GLOBAL_BATCH] for t in get_dataset("auto").tensors))
-    results = launch(train, args.world_size, steps, data, backend=args.backend)
+    results = launch(run, args.world_size, args, data, backend=args.backend)
     if results is None:
         return
     servers, workers = ps.roles(len(results))
@@ -197,9 +198,8 @@ def main():
         log(f"  {s:3d} {'#' * round(60 * stale.count(s) / len(stale)):60s} {stale.count(s)}")
 
     ref = methods["all-reduce SGD"][0]["check"]
-    log("")
-    log(check(f"sync PS vs all-reduce SGD (weights after {CHECK_STEPS} steps)",
-              max_diff(methods["sync PS"][0]["check"], ref), 1e-5))
+    log("\n" + check(f"sync PS vs all-reduce SGD (weights after {CHECK_STEPS} steps)",
+                     max_diff(methods["sync PS"][0]["check"], ref), 1e-5))
     log(check(f"local SGD H=1 vs all-reduce SGD (weights after {CHECK_STEPS} steps)",
               max_diff(methods["local SGD H=1"][0]["check"], ref), 1e-5))
 

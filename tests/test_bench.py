@@ -65,7 +65,7 @@ def write_tiny_csvs():
     common.write_csv("comparison", [
         {"strategy": s, "processes": 2, "max_grad_diff": 1e-8, "max_weight_diff_early": 1e-8,
          "max_weight_diff": 1e-3, "vs_torch_ddp": 0.0, "steps": 3, "final_loss": 1.0, "accuracy": 0.5,
-         "step_ms": 10.0, "comm_share": 0.25, "peak_mib": 500.0, "memory": "cumulative"} for s in ways])
+         "step_ms": 10.0, "peak_mib": 500.0, "memory": "cumulative"} for s in ways])
     common.write_csv("comparison_loss", [{"strategy": s, "step": i, "loss": 2.0 - i / 10}
                                          for s in ways for i in range(3)])
     common.write_csv("atscale", atscale.all_predictions(0.04, 4.8e6))  # reads the p2p fit above

@@ -4,10 +4,15 @@ A lesson states its checks in lines made by `dist_sgd.plumbing.check.check`:
 
     <what>: max difference <d> (tolerance <t>)
 
-Here every such line is read back and held to its tolerance, each lesson must print at least
-the number of checks listed in MIN_CHECKS, and BOUNDS holds the other numbers a lesson promises
-(an accuracy, a count of messages): (regex with one number group, operator, bound).
+check() raises when d > t, so a check that fails ends the lesson with an error (the exit code
+and the traceback are what fail the test then). What the printed lines add: each lesson must
+print at least the number of checks listed in MIN_CHECKS, no check may pass by being loose
+(every tolerance is at most TOLERANCE unless LOOSER names it), and BOUNDS holds the other
+numbers a lesson promises (an accuracy, a count of messages): (regex with one number group,
+operator, bound). The lesson rules that can be read off the source (code lines, line length,
+the per-rank function's name, the shared flags) are checked without running anything.
 """
+import ast
 import glob
 import operator
 import os
@@ -19,7 +24,12 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LESSONS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "lessons", "[0-9][0-9]_*.py")))
-CHECK_LINE = re.compile(r"max difference ([-+0-9.e]+|nan|inf) \(tolerance ([-+0-9.e]+)\)")
+CHECK_LINE = re.compile(r"^(?:\[(?:rank|node) \d+\])?\s*(.*): max difference ([-+0-9.e]+|nan|inf) "
+                        r"\(tolerance ([-+0-9.e]+)\)", re.MULTILINE)
+# float32 rounding of numbers near 1 is ~1e-7; a sum of many, ~1e-6. A check with a looser
+# tolerance proves little, so only these (whose unit is not a difference of numbers) may.
+TOLERANCE = 1e-5
+LOOSER = {"barrier": 0.05}  # lesson 03: seconds between the last arrival and the first exit
 OPS = {"<=": operator.le, ">=": operator.ge, "==": operator.eq, "<": operator.lt, ">": operator.gt}
 
 # How many check lines each lesson prints at least (at --quick, world size 2).
@@ -28,15 +38,21 @@ MIN_CHECKS = {
     "01": 4,  # all-reduce through env://, tcp://, file:// groups and through launch()
     "02": 3,  # both rings against dist.all_reduce, the copied send arrived intact
     "03": 12,  # every collective (all_reduce with SUM, AVG, MAX), the barrier, random inputs
-    "04": 7,  # 2(p-1) ring messages of <= ceil(n/p), every algorithm against torch
+    "04": 9,  # 2(p-1) ring messages of <= ceil(n/p), the ring vs the library's and torch's,
+              # every library algorithm against torch
     "05": 1,  # ShardSampler vs DistributedSampler
     "06": 6,  # broadcast, (a) gradient, (b) weights, (c) ranks before/after training, (d)
     "07": 8,  # steps 1, 2, 3 and 3 over our ring, each vs one process and vs torch DDP
     "08": 3,  # four steps by hand and DataParallel vs one process; torch's DataParallel
     "09": 8,  # 4 ways x (gradients at step 1, weights after 10 steps) vs the single process
     "10": 4,  # every all-reduce algorithm of ours vs torch.distributed.all_reduce
+<<<<<<< HEAD
     "11": 7,  # 4 all-reduces vs the single-machine sum, 3 DDPs vs torch DDP
     "12": 7,  # our hooks vs torch's on the same gradients, bytes counted vs the formula (x5)
+=======
+    "11": 6,  # 2 exchange orders and 2 all-reduces vs one machine, 2 DDPs vs torch DDP
+    "12": 7,  # our hooks vs torch's on the same gradients, bytes counted vs the formula
+>>>>>>> lessons
     "13": 3,  # ZeRO-1 vs plain Adam: broadcast, all_gather (ours), under our DDP
     "15": 2,  # sync PS vs all-reduce SGD, local SGD H=1 vs all-reduce SGD
 }
@@ -70,8 +86,10 @@ def assert_promises(name, output):
     assert len(checks) >= MIN_CHECKS.get(name[:2], 1), (
         f"{name} printed {len(checks)} check lines, expected at least "
         f"{MIN_CHECKS.get(name[:2], 1)}:\n{output[-3000:]}")
-    for diff, tolerance in checks:
-        assert float(diff) <= float(tolerance), f"{name}: {diff} > {tolerance}"
+    for what, _, tolerance in checks:
+        loosest = next((t for key, t in LOOSER.items() if key in what), TOLERANCE)
+        assert float(tolerance) <= loosest, (
+            f"{name}: check {what!r} has tolerance {tolerance}, looser than {loosest:g}")
     for pattern, op, bound in BOUNDS.get(name[:2], ()):
         found = re.findall(pattern, output)
         assert found, f"{name}: nothing matches {pattern!r}:\n{output[-3000:]}"
@@ -93,3 +111,69 @@ def test_lesson_runs_and_keeps_its_promises(name):
 @pytest.mark.parametrize("name", [n for n in LESSONS if n[:2] in ODD_WORLD_SIZE])
 def test_lesson_runs_at_an_odd_world_size(name):
     assert_promises(name, run_lesson(name, "--world-size", "3"))
+
+
+# ---- the lesson rules that can be read off the source (no lesson runs here) ------------------
+
+MAX_CODE_LINES, MAX_LINE = 130, 100
+SHARED_FLAGS = ("--world-size", "--world-sizes", "--backend", "--quick", "--save-figures")
+
+
+def code_lines(source):
+    """Lines outside the module docstring that are neither blank nor only a comment."""
+    tree = ast.parse(source)
+    first = tree.body[0] if tree.body else None
+    docstring_end = first.end_lineno if isinstance(first, ast.Expr) and isinstance(
+        first.value, ast.Constant) and isinstance(first.value.value, str) else 0
+    return [line for number, line in enumerate(source.splitlines(), 1)
+            if number > docstring_end and line.strip() and not line.strip().startswith("#")]
+
+
+def rule_breaks(source):
+    """What in a lesson's source breaks the lesson rules (BRIEF: the lesson rules)."""
+    breaks = []
+    count = len(code_lines(source))
+    if count > MAX_CODE_LINES:
+        breaks.append(f"{count} code lines outside the docstring (at most {MAX_CODE_LINES})")
+    long = [n for n, line in enumerate(source.splitlines(), 1) if len(line) > MAX_LINE]
+    if long:
+        breaks.append(f"lines longer than {MAX_LINE} characters: {long}")
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        called = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+        if called == "launch" and not (node.args and getattr(node.args[0], "id", None) == "run"):
+            breaks.append(f"line {node.lineno}: launch() is handed {ast.unparse(node.args[0])}, "
+                          "not run" if node.args else f"line {node.lineno}: launch() without fn")
+        if called == "add_argument" and any(isinstance(a, ast.Constant) and a.value in SHARED_FLAGS
+                                            for a in node.args):
+            breaks.append(f"line {node.lineno}: {ast.unparse(node.args[0])} is lesson_parser's")
+        if called == "set_defaults" and any(k.arg == "world_size" for k in node.keywords):
+            breaks.append(f"line {node.lineno}: --world-size's default is lesson_parser's argument")
+    if "argparse.SUPPRESS" in source:
+        breaks.append("a hidden flag (argparse.SUPPRESS)")
+    if any("(tolerance" in line for line in code_lines(source)):
+        breaks.append("a check line written by hand: print checks through check()")
+    return breaks
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_lesson_follows_the_lesson_rules(name):
+    with open(os.path.join(ROOT, "lessons", name)) as f:
+        breaks = rule_breaks(f.read())
+    assert not breaks, f"{name}:\n  " + "\n  ".join(breaks)
+
+
+def test_the_rules_check_catches_each_break():
+    good = '"""Doc."""\nfrom x import launch\n\n\ndef run(rank, world_size, args):\n    pass\n\n' \
+           'launch(run, 2, None)\n'
+    assert rule_breaks(good) == []
+    bad = {"code lines": good + "x = 1\n" * MAX_CODE_LINES,
+           "longer than": good + "# " + "x" * MAX_LINE + "\n",
+           "not run": good.replace("launch(run,", "launch(demo,"),
+           "lesson_parser's": good + 'parser.add_argument("--world-sizes", nargs="+")\n',
+           "default is": good + "parser.set_defaults(world_size=None)\n",
+           "hidden flag": good + 'parser.add_argument("--in-node", help=argparse.SUPPRESS)\n',
+           "by hand": good + 'print(f"x: max difference {d:.2e} (tolerance 0)")\n'}
+    for what, source in bad.items():
+        assert any(what in b for b in rule_breaks(source)), (what, rule_breaks(source))

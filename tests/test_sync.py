@@ -1,20 +1,25 @@
 """Gradient equivalence: the distributed average equals the single-process full-batch gradient.
 
-One launch() per world size (a spawn costs seconds); every check runs inside it, with
-torch.testing.assert_close raising on the rank that sees a difference (the launcher then
-reports which rank and why). float64 throughout, so "equal" can mean ~1e-15.
+A spawn costs seconds, so one launch() per world size (1, 2, 3) runs every property inside the
+ranks (module-scoped fixture) and returns, per rank, a dict: property -> None when it held,
+else the message of the first assertion that failed on that rank. Each test below reads one
+property. float64 throughout, so "equal" can mean ~1e-15; the single process trains with
+torch.optim.SGD, the ranks with ours.
 """
+import contextlib
 import copy
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from dist_sgd.sgd.data import synthetic
+from dist_sgd.comm import collectives
 from dist_sgd.plumbing.launch import launch
+from dist_sgd.sgd.data import synthetic
 from dist_sgd.sgd.models import MLP
 from dist_sgd.sgd.optim import SGD
 from dist_sgd.sgd.partition import ShardSampler
@@ -22,6 +27,11 @@ from dist_sgd.sgd.sync import average_gradients, broadcast_parameters, gradients
 from dist_sgd.sgd.train import evaluate, max_diff_across_ranks, per_rank_batch, shard_loader
 
 PER_RANK = 4  # items per rank per step
+STEPS = 3
+WAYS = {"torch, per parameter": (None, False), "torch, flat": (None, True),
+        "ours, per parameter": (collectives.all_reduce, False),
+        "ours, flat": (collectives.all_reduce, True)}
+BROADCASTS = {"torch": None, "ours": collectives.broadcast}
 
 
 class Awkward(nn.Module):
@@ -46,43 +56,80 @@ class Awkward(nn.Module):
         return F.log_softmax(self.head(h), dim=1)
 
 
+class Properties(dict):
+    """property name -> None (held) or the first failure's message, on this rank."""
+
+    def __init__(self, rank):
+        super().__init__()
+        self.rank = rank
+
+    @contextlib.contextmanager
+    def check(self, name):
+        try:
+            yield
+        except Exception as error:  # noqa: BLE001 - reported by the test that reads this one
+            self[name] = self.get(name) or f"rank {self.rank}: {type(error).__name__}: {error}"
+        else:
+            self.setdefault(name, None)
+
+
 def grads(model):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def check_gradients(rank, world_size, flat, all_reduce, x, y):
-    """(1) the first-step gradient, (2) weights after 3 SGD steps, (3) ranks identical."""
+def data_for(world_size):
+    images, labels = synthetic(STEPS * world_size * PER_RANK * 2, seed=1).tensors
+    x = images.double().reshape(STEPS * 2, world_size * PER_RANK, 1, 28, 28)
+    return x, labels.reshape(STEPS * 2, world_size * PER_RANK)
+
+
+def case_gradients(props, way, rank, world_size, x, y):
+    """STEPS steps of Awkward: this rank's share + average_gradients + our SGD, against one
+    process on each whole global batch with torch.optim.SGD."""
+    all_reduce, flat = WAYS[way]
     torch.manual_seed(0)  # the same initial weights on every rank
     ref = Awkward().double()
     model = copy.deepcopy(ref)
-    steps, b = 3, PER_RANK
-    opt_ref = SGD(ref.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
-    opt = SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
-    worst = 0.0
-    for step in range(steps):
+    options = {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-3}
+    opt_ref, opt = torch.optim.SGD(ref.parameters(), **options), SGD(model.parameters(), **options)
+    for step in range(STEPS):
         xs, ys = x[step], y[step]  # this step's global batch
         opt_ref.zero_grad()
         F.nll_loss(ref(xs), ys).backward()  # single process: mean over the global batch
         opt.zero_grad()
-        mine = slice(rank * b, (rank + 1) * b)
+        mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
         F.nll_loss(model(xs[mine]), ys[mine]).backward()  # mean over the local batch
         calls = average_gradients(model, flat=flat, all_reduce=all_reduce)
-        assert calls == (1 if flat else 8), calls  # 11 parameters: 1 frozen, 2 without grad
-        assert model.frozen.weight.grad is None and model.unused.weight.grad is None
-        want, got = grads(ref), grads(model)
-        assert want.keys() == got.keys()
-        for name in want:
-            torch.testing.assert_close(got[name], want[name], msg=f"step {step} grad {name}")
-            worst = max(worst, (got[name] - want[name]).abs().max().item())
+        with props.check(f"calls {way}"):  # 11 parameters: 1 frozen, 2 never get a gradient
+            assert calls == (1 if flat else 8), f"{calls} all-reduce calls"
+        with props.check(f"skipped {way}"):
+            assert model.frozen.weight.grad is None, "the frozen weight got a gradient"
+            assert model.unused.weight.grad is None, "the unused layer got a gradient"
+        if step == 0:
+            with props.check(f"first gradient {way}"):
+                want, got = grads(ref), grads(model)
+                assert want.keys() == got.keys(), (sorted(want), sorted(got))
+                for name in want:
+                    torch.testing.assert_close(got[name], want[name], msg=f"grad {name}")
         opt_ref.step()
         opt.step()
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p, q, msg=f"weight {name} after {steps} steps")
-    assert max_diff_across_ranks(model) == 0.0, "ranks hold different weights"
-    return worst
+    with props.check(f"weights {way}"):
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, msg=f"weight {name} after {STEPS} steps")
+    with props.check(f"identical {way}"):
+        assert max_diff_across_ranks(model) == 0.0, "ranks hold different weights"
 
 
-def check_accumulation(rank, world_size, x, y, k=2):
+def case_tied_in_a_list(props, rank, world_size, x, y):
+    # A list with the tied weight twice still reduces it once (else it would be halved again).
+    model = Awkward().double()
+    F.nll_loss(model(x[0, :PER_RANK]), y[0, :PER_RANK]).backward()
+    with props.check("tied in a list"):
+        found = gradients_to_sync(list(model.parameters()) + [model.a.weight])
+        assert len(found) == 8, f"{len(found)} gradients to sync, not 8"
+
+
+def case_accumulation(props, rank, world_size, x, y, k=2):
     """k micro-batches per rank, loss / k each, one average: the same as one big batch."""
     torch.manual_seed(1)
     ref, model = MLP(hidden=8).double(), MLP(hidden=8).double()
@@ -95,17 +142,17 @@ def check_accumulation(rank, world_size, x, y, k=2):
     for xm, ym in zip(xs[local].chunk(k), ys[local].chunk(k)):
         (F.nll_loss(model(xm), ym) / k).backward()  # .grad accumulates across backward calls
     average_gradients(model)
-    for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad)
+    with props.check("accumulation"):
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
 
 
-def check_train_loop(rank, world_size):
+def case_train_loop(props, rank, world_size):
     """shard_loader's per-rank batches + average_gradients == single-process SGD on the same
-    global batches."""
-    data = synthetic(48, seed=3)
-    images, labels = data.tensors
+    global batches; every item once; evaluate == one process."""
+    images, labels = synthetic(48, seed=3).tensors
     dataset = TensorDataset(images.double(), labels)
-    global_batch = 2 * world_size * 3  # divides for both world sizes: per rank 6
+    global_batch = 2 * world_size * 3  # per rank 6
     torch.manual_seed(2)
     model = MLP(hidden=8).double()
     ref = copy.deepcopy(model)
@@ -121,75 +168,137 @@ def check_train_loop(rank, world_size):
         opt.step()
     order = ShardSampler(dataset, 1, 0, seed=5)  # the single process sees the same order
     order.set_epoch(1)
-    opt = SGD(ref.parameters(), lr=0.2, momentum=0.5)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.2, momentum=0.5)
     indices = list(order)
     for start in range(0, len(indices), global_batch):
         xb, yb = dataset[torch.tensor(indices[start:start + global_batch])]
         opt.zero_grad()
         F.nll_loss(ref(xb), yb).backward()
         opt.step()
-    for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p, q)
-    assert seen * world_size == 48  # every item once over the ranks, no padding
+    with props.check("train loop"):
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q)
+    with props.check("every item once"):
+        assert seen * world_size == 48, f"{seen} items on each of {world_size} ranks, not 48 in all"
     # evaluate shares the test set out without padding: the same numbers as one process
     result = evaluate(model, dataset, batch_size=7)
     with torch.no_grad():
         out = model(dataset.tensors[0])
-    torch.testing.assert_close(result["loss"], F.nll_loss(out, labels, reduction="mean").item())
-    assert result["correct"] == (out.argmax(1) == labels).sum().item() and result["total"] == 48
+    with props.check("evaluate"):
+        torch.testing.assert_close(result["loss"], F.nll_loss(out, labels).item())
+        assert result["correct"] == (out.argmax(1) == labels).sum().item(), result
+        assert result["total"] == 48, result
 
 
-def rank_checks(rank, world_size):
-    from dist_sgd.comm import collectives  # the hand-written all_reduce (helper "collectives")
-
-    data = synthetic(3 * world_size * PER_RANK * 2, seed=1)
-    images, labels = data.tensors
-    x = images.double().reshape(3 * 2, world_size * PER_RANK, 1, 28, 28)
-    y = labels.reshape(3 * 2, world_size * PER_RANK)
-    worst = {}
-    for name, all_reduce in (("torch", None), ("ours", collectives.all_reduce)):
-        for flat in (False, True):
-            worst[(name, flat)] = check_gradients(rank, world_size, flat, all_reduce, x[:3], y[:3])
-
-    # A list with the tied weight twice still reduces it once (else it would be halved again).
-    model = Awkward().double()
-    F.nll_loss(model(x[0, :PER_RANK]), y[0, :PER_RANK]).backward()
-    assert len(gradients_to_sync(list(model.parameters()) + [model.a.weight])) == 8
-
-    check_accumulation(rank, world_size, x, y)
-    check_train_loop(rank, world_size)
-
-    # broadcast_parameters: ranks start different, end equal to rank 0 (buffers too).
-    for broadcast in (None, collectives.broadcast):
+def case_broadcast(props, rank, world_size):
+    """broadcast_parameters: ranks start different, end equal to rank 0 (buffers too)."""
+    for name, broadcast in BROADCASTS.items():
         torch.manual_seed(100 + rank)
         model = Awkward()
         model.running.fill_(rank + 1.0)
         before = max_diff_across_ranks(model)
-        assert broadcast_parameters(model, src=0, broadcast=broadcast) == 12  # 11 params + 1 buffer
-        assert (before > 0) == (world_size > 1)  # one rank: nothing differs to begin with
-        assert max_diff_across_ranks(model) == 0.0
-        assert model.running.eq(1.0).all()
+        sent = broadcast_parameters(model, src=0, broadcast=broadcast)
+        after = max_diff_across_ranks(model)
+        with props.check(f"broadcast {name}"):
+            assert sent == 12, f"{sent} tensors sent, not 11 parameters + 1 buffer"
+            assert (before > 0) == (world_size > 1), before  # one rank: nothing differs at first
+            assert after == 0.0, f"ranks differ by {after} after broadcast_parameters"
+            assert model.running.eq(1.0).all(), "the buffer is not rank 0's"
 
-    # ShardSampler takes world size and rank from the group, like DistributedSampler.
+
+def case_sampler(props, rank, world_size):
+    data = synthetic(3 * world_size * PER_RANK * 2, seed=1)
     sampler, theirs = ShardSampler(data), DistributedSampler(data)
-    assert (sampler.num_replicas, sampler.rank) == (world_size, rank)
-    assert list(sampler) == list(theirs)
-    return worst
+    with props.check("sampler"):  # world size and rank from the group, like DistributedSampler
+        assert (sampler.num_replicas, sampler.rank) == (world_size, rank)
+        assert list(sampler) == list(theirs)
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_distributed_gradients_equal_single_process(world_size):
-    results = launch(rank_checks, world_size)
-    assert len(results) == world_size
-    for worst in results:
-        assert set(worst) == {(n, f) for n in ("torch", "ours") for f in (False, True)}
-        assert all(v < 1e-12 for v in worst.values()), worst
+def all_properties(rank, world_size):
+    props = Properties(rank)
+    x, y = data_for(world_size)
+    for way in WAYS:
+        case_gradients(props, way, rank, world_size, x[:STEPS], y[:STEPS])
+    case_tied_in_a_list(props, rank, world_size, x, y)
+    case_accumulation(props, rank, world_size, x, y)
+    case_train_loop(props, rank, world_size)
+    case_broadcast(props, rank, world_size)
+    case_sampler(props, rank, world_size)
+    dist.barrier()
+    return dict(props)
 
 
-def test_errors_outside_a_group_and_bad_batches():
-    model = MLP()
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda ws: f"ws{ws}")
+def results(request):
+    return launch(all_properties, request.param, backend="gloo")
+
+
+def held(results, name):
+    assert all(name in r for r in results), f"property {name!r} was never checked"
+    failures = [r[name] for r in results if r[name] is not None]
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_averaged_first_gradient_equals_single_process(results, way):
+    held(results, f"first gradient {way}")
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_weights_after_steps_equal_single_process_torch_sgd(results, way):
+    held(results, f"weights {way}")
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_ranks_hold_bitwise_identical_weights(results, way):
+    held(results, f"identical {way}")
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_one_all_reduce_when_flat_one_per_gradient_otherwise(results, way):
+    held(results, f"calls {way}")
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_frozen_and_unused_parameters_keep_no_gradient(results, way):
+    held(results, f"skipped {way}")
+
+
+def test_a_tied_weight_listed_twice_is_reduced_once(results):
+    held(results, "tied in a list")
+
+
+def test_accumulated_micro_batches_equal_one_big_batch(results):
+    held(results, "accumulation")
+
+
+def test_shard_loader_training_equals_single_process(results):
+    held(results, "train loop")
+
+
+def test_shard_loader_gives_every_item_once(results):
+    held(results, "every item once")
+
+
+def test_evaluate_equals_one_process(results):
+    held(results, "evaluate")
+
+
+@pytest.mark.parametrize("broadcast", BROADCASTS)
+def test_broadcast_parameters_copies_rank_0s_parameters_and_buffers(results, broadcast):
+    held(results, f"broadcast {broadcast}")
+
+
+def test_shard_sampler_takes_its_rank_from_the_group(results):
+    held(results, "sampler")
+
+
+def test_average_gradients_outside_a_group_says_what_it_needs():
     with pytest.raises(RuntimeError, match="needs a process group"):
-        average_gradients(model)
+        average_gradients(MLP())
+
+
+def test_per_rank_batch_refuses_what_does_not_divide_and_floats():
     with pytest.raises(ValueError, match="does not divide evenly over 3 ranks"):
         per_rank_batch(64, 3)
     with pytest.raises(ValueError, match="positive integer"):

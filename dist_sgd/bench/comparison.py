@@ -4,7 +4,9 @@ loop is on its own page, lessons/09_comparison.py), then draw what it wrote:
     comparison.csv        one row per way to train: differences, accuracy, ms/step, memory
     comparison_loss.csv   the loss of every global batch, per way
     comparison_loss.png   the loss curves and their difference from one process
-    comparison_time.png   time per step (computing / communicating) and peak memory
+    comparison_time.png   time per step and peak memory, per way
+
+(Where a step's time goes, computing or communicating, is the breakdown figure's subject.)
 """
 import os
 import subprocess
@@ -30,11 +32,10 @@ def load():
 
 
 def report(rows):
-    print(f"  {'strategy':20s} {'ms/step':>8s} {'communicating':>14s} {'test accuracy':>14s} "
-          f"{'vs torch DDP, end':>18s}")
+    print(f"  {'strategy':20s} {'ms/step':>8s} {'test accuracy':>14s} {'vs torch DDP, end':>18s}")
     for r in rows:
-        print(f"  {r['strategy']:20s} {r['step_ms']:8.2f} {r['comm_share']:14.0%} "
-              f"{r['accuracy']:14.2%} {r['vs_torch_ddp']:18.1e}")
+        print(f"  {r['strategy']:20s} {r['step_ms']:8.2f} {r['accuracy']:14.2%} "
+              f"{r['vs_torch_ddp']:18.1e}")
 
 
 def draw():
@@ -62,11 +63,8 @@ def draw():
                           "right: curves that coincide hide each other; 1e-12 stands for 0")]
     fig, axes = plots.figure(2, width=6)
     y = range(len(rows))
-    comm = [r["step_ms"] * r["comm_share"] for r in rows]
-    axes[0][0].barh(y, [r["step_ms"] - c for r, c in zip(rows, comm)], color="tab:green",
-                    label="computing (and the rest)")
-    axes[0][0].barh(y, comm, left=[r["step_ms"] - c for r, c in zip(rows, comm)],
-                    color="tab:red", label="communicating (not hidden)")
+    axes[0][0].barh(y, [r["step_ms"] for r in rows], color="tab:green",
+                    label="one step, slowest rank")
     axes[0][0].set(xlabel="ms per step (median)", title="time per step")
     axes[0][0].set_xlim(0, 1.6 * max(r["step_ms"] for r in rows))  # room for the legend
     axes[0][1].barh(y, [r["peak_mib"] for r in rows], color="tab:gray", label="peak resident set")
