@@ -73,19 +73,22 @@ class _Unit:
     """A module owning sharded parameters. Its gathered full parameters live in storages that
     are resized to 0 bytes when freed: tensors autograd saved come back when re-gathered."""
 
-    def __init__(self, name, module, names, shards, dtype, world_size):
+    def __init__(self, name, module, names, shards, compute_dtype, world_size):
         self.name, self.module, self.names, self.shards = name, module, names, shards
-        self.dtype = dtype
-        self.storages = [torch.empty(0, dtype=dtype, device=s.param.device).untyped_storage()
-                         for s in shards]
+        self.dtypes = [compute_dtype or s.param.dtype for s in shards]
+        self.storages = [torch.empty(0, dtype=d, device=s.param.device).untyped_storage()
+                         for s, d in zip(shards, self.dtypes)]
         self.numels = [s.size * world_size for s in shards]  # gathered, padding included
-        self.nbytes = sum(self.numels) * itemsize(dtype)
+        self.nbytes = sum(n * itemsize(d) for n, d in zip(self.numels, self.dtypes))
         self.works, self.state, self.owed = [], "free", 0
 
+    def tensor(self, i, shape):
+        """A fresh tensor on shard i's gathered storage: autograd's saved ones see no write."""
+        return torch.empty(0, dtype=self.dtypes[i], device=self.shards[i].param.device).set_(
+            self.storages[i], 0, shape)
+
     def full(self, i):
-        """Shard i's full parameter: a fresh tensor on its gathered storage."""
-        return torch.empty(0, dtype=self.dtype, device=self.shards[i].param.device).set_(
-            self.storages[i], 0, self.shards[i].shape)
+        return self.tensor(i, self.shards[i].shape)
 
 
 class _Gather(torch.autograd.Function):
@@ -115,10 +118,10 @@ class FullyShardedDataParallel(nn.Module):
         if init_sync:  # every rank cuts its pieces from rank 0's weights
             broadcast = ours.broadcast if collectives == "ours" else None
             broadcast_parameters(module, broadcast=broadcast)
-        self.units, self.replicated, self.shards_by_name, made = [], {}, {}, {}
+        self.units, self.replicated, made = [], {}, {}
         self._mname = {}  # module -> its name in the module (for error messages)
-        for mname, m in module.named_modules(remove_duplicate=False):
-            self._mname.setdefault(m, mname)
+        for mname, m in module.named_modules():
+            self._mname[m] = mname
             names, shards = [], []
             for pname, p in list(m._parameters.items()):
                 if p is None:
@@ -130,13 +133,14 @@ class FullyShardedDataParallel(nn.Module):
                     retire(p)  # an optimizer built from the old parameter refuses to step
                     names.append(pname)
                     shards.append(s)
-                    self.shards_by_name[f"{mname}.{pname}" if mname else pname] = s
                 else:
                     self.replicated.setdefault(m, []).append(pname)
             if shards:
-                dtype = compute_dtype or shards[0].param.dtype
-                self.units.append(_Unit(mname, m, names, shards, dtype, self.world_size))
+                self.units.append(_Unit(mname, m, names, shards, compute_dtype, self.world_size))
         module._fsdp_wrapped = True
+        pieces = {id(s.param): s for s in made.values()}  # every name of a piece (tied: several)
+        self.shards_by_name = {n: pieces[id(p)] for n, p in
+                               module.named_parameters(remove_duplicate=False) if id(p) in pieces}
         self._unit_of = {u.module: u for u in self.units}
         for m in set(self.replicated) | set(self._unit_of):
             m.register_forward_pre_hook(self._pre_forward)
@@ -153,11 +157,10 @@ class FullyShardedDataParallel(nn.Module):
     def _gather(self, unit):
         if unit.state != "free":
             return
-        for s, storage, numel in zip(unit.shards, unit.storages, unit.numels):
-            storage.resize_(numel * itemsize(unit.dtype))
-            flat = torch.empty(0, dtype=unit.dtype, device=s.param.device)
-            flat.set_(storage, 0, (numel,))  # a fresh tensor: autograd's saved ones see no write
-            piece = s.param.detach().to(unit.dtype)  # cast first: compute_dtype halves the bytes
+        for i, (s, storage, numel) in enumerate(zip(unit.shards, unit.storages, unit.numels)):
+            storage.resize_(numel * itemsize(unit.dtypes[i]))
+            flat = unit.tensor(i, (numel,))
+            piece = s.param.detach().to(unit.dtypes[i])  # cast first: float16 halves the bytes
             work = self.comm.start("all_gather", list(flat.split(s.size)), piece)
             unit.works.append((work, piece))  # the piece stays alive until the gather is done
         unit.state = "gathering"
@@ -271,11 +274,15 @@ class FullyShardedDataParallel(nn.Module):
         for s, grad in zip(unit.shards, grads):
             if not s.param.requires_grad:
                 continue
-            flat = s.param.new_zeros(s.size * self.world_size)  # padded, in the shard's dtype
-            if grad is not None:
-                flat[:s.numel] = grad.reshape(-1)
-            if s.accumulated is not None:
-                flat += s.accumulated
+            if (grad is not None and s.numel == s.size * self.world_size and grad.is_contiguous()
+                    and grad.dtype == s.param.dtype and s.accumulated is None):
+                flat = grad.view(-1)  # no padding needed: reduce autograd's tensor, no copy
+            else:
+                flat = s.param.new_zeros(s.size * self.world_size)  # padded, the shard's dtype
+                if grad is not None:
+                    flat[:s.numel] = grad.reshape(-1)
+                if s.accumulated is not None:
+                    flat += s.accumulated
             if not self._sync:  # no_sync: keep the full sum for the next synchronized backward
                 s.accumulated = flat
                 continue
@@ -309,7 +316,8 @@ class FullyShardedDataParallel(nn.Module):
             for work in self._reduces:
                 work.wait()
             missing = sorted({u.name for u in self._ran if u.owed > 0} | {
-                f"{self._mname[m]}.{n}" for m in self._ran_modules for n in self.replicated.get(m, [])
+                f"{self._mname[m]}.{n}".lstrip(".") for m in self._ran_modules
+                for n in self.replicated.get(m, [])
                 if m._parameters[n].requires_grad and id(m._parameters[n]) not in self._got})
             if missing:
                 raise RuntimeError(f"FullyShardedDataParallel on rank {self.rank}: {missing} got "
