@@ -30,7 +30,10 @@ all-gather is already on the wire. This lesson: one weight sharded by hand; then
 sizes 1-4, the bytes each rank holds, counted tensor by tensor (the largest rank) next to the
 formula, the bytes each scheme sends (counted from its collectives), and checks of our FSDP
 against one process, our DDP and torch's fully_shard on the same batches. Here every
-parameter is sharded (shard_all=True, as torch does); by default biases stay whole.
+parameter is sharded (shard_all=True, as torch does); by default biases stay whole. The
+"+ layers" column is what ours holds besides the formula: ZeRO-3 two layers gathered (the one
+computing, the next one prefetched) and one layer's gradient being reduced; ZeRO-2's formula
+counts its gathered layers as the 4 bytes of parameters, so its own pieces (4/N) come on top.
 
 Honest expectations: memory falls as 1/N anywhere. Time does not, here: the ranks share 2
 cores and one memory, so the sharded runs only add copying. On GPUs, or on a link where the
@@ -172,8 +175,6 @@ def report(world_size, results, width, depth):
         want = FORMULA[name](world_size) * n
         log(f"{name:7s} " + " ".join(f"{b / kib:8.1f}" for b in held + [sum(held), want])
             + f"  {extra.get(name, 0) / kib:8.1f}  {sum(held) / (want + extra.get(name, 0)):.3f}x")
-    log("(+ layers: ZeRO-3 holds two layers gathered and one layer's gradient being reduced; "
-        "ZeRO-2's formula counts the gathered layers as its params: its pieces come on top)")
     ddp = results[0]["schemes"]["DDP"][4]
     log("bytes each rank sends per step, counted from the collectives, and per DDP byte:")
     for name in FORMULA:
@@ -195,8 +196,7 @@ def main():
         results = launch(run, ws, args, backend=args.backend)
         if results is not None:
             report(ws, results, width, depth)
-    log("\nOn this machine the ranks share 2 cores: sharding saves memory, not time. The memory "
-        "columns hold anywhere.")
+    log("\nThe ranks share this machine's cores: sharding saves memory here, not time.")
     log("\n" + __doc__[__doc__.index("Exercises:"):].rstrip())
 
 

@@ -138,30 +138,36 @@ def float16_check(rank, world_size):
     return {"got": got, "want": want, "dtypes": dtypes, "gather_bytes": gathers}
 
 
+TORCH_CONFIGS = {("ZeRO-3", False): "Adam", ("ZeRO-3", True): "SGD momentum",
+                 ("ZeRO-2", False): "SGD momentum", ("ZeRO-2", True): "Adam"}
+
+
 def against_torch(rank, world_size):
     """torch's fully_shard (every parameter-owning module and the root) and ours, same start,
-    same per-rank data, Adam: full parameters after every step."""
+    same per-rank data: full parameters after every step (SGD sees a gradient's scale, Adam
+    hardly)."""
     out = {}
-    for mode, reshard in MODES.items():
-        for shard_all in (False, True):
-            ours = FullyShardedDataParallel(make("Dense"), reshard_after_forward=reshard,
-                                            shard_all=shard_all)
-            theirs = make("Dense")
-            for m in theirs.modules():
-                if m is not theirs and list(m.parameters(recurse=False)):
-                    fully_shard(m, reshard_after_forward=reshard)
-            fully_shard(theirs, reshard_after_forward=reshard)
-            opts = [torch.optim.Adam(m.parameters(), lr=0.01) for m in (ours, theirs)]
-            history = []
-            for step in range(STEPS):
-                x, y = batch("Dense", step, world_size)
-                for m, o in zip((ours, theirs), opts):
-                    o.zero_grad()
-                    loss_of("Dense", m(mine(x, rank)), mine(y, rank)).backward()
-                    o.step()
-                history.append((ours.gather_full_params(),
-                                {n: p.full_tensor() for n, p in theirs.named_parameters()}))
-            out[mode, shard_all] = history
+    for (mode, shard_all), opt_name in TORCH_CONFIGS.items():
+        reshard = MODES[mode]
+        ours = FullyShardedDataParallel(make("Dense"), reshard_after_forward=reshard,
+                                        shard_all=shard_all)
+        theirs = make("Dense")
+        for m in theirs.modules():
+            if m is not theirs and list(m.parameters(recurse=False)):
+                fully_shard(m, reshard_after_forward=reshard)
+        fully_shard(theirs, reshard_after_forward=reshard)
+        cls, okw = OPTIMIZERS[opt_name]
+        opts = [cls(m.parameters(), **okw) for m in (ours, theirs)]
+        history = []
+        for step in range(STEPS):
+            x, y = batch("Dense", step, world_size)
+            for m, o in zip((ours, theirs), opts):
+                o.zero_grad()
+                loss_of("Dense", m(mine(x, rank)), mine(y, rank)).backward()
+                o.step()
+            history.append((ours.gather_full_params(),
+                            {n: p.full_tensor() for n, p in theirs.named_parameters()}))
+        out[mode, shard_all] = history
     return out
 
 
@@ -323,6 +329,23 @@ def runs(request):
     return request.param, launch(worker, request.param, backend="gloo")
 
 
+def one_rank(rank, world_size):
+    """World size 1: the pieces are the whole parameters; everything still works."""
+    out = {name: train(rank, world_size, "Dense", "Adam", reshard_after_forward=reshard)
+           for name, reshard in MODES.items()}
+    model = out["ZeRO-3"]["model"]
+    plain = make("Dense")
+    plain.load_state_dict(model.state_dict())
+    return {"params": {k: (r["got"], r["want"]) for k, r in out.items()},
+            "sizes": [p.numel() for p in model.parameters()], "sent": model.bytes_per_step(),
+            "plain": {n: p.detach().clone() for n, p in plain.named_parameters()}}
+
+
+@pytest.fixture(scope="module")
+def alone():
+    return launch(one_rank, 1, backend="gloo")[0]
+
+
 def close(got, want, **tol):
     assert sorted(got) == sorted(want)
     for n in want:
@@ -466,3 +489,13 @@ def test_peak_memory_is_the_units_alive_at_once(runs):
     for key in b:
         if isinstance(key, tuple):
             assert b[key]["memory"]["buffers"] == 0  # nothing left gathered after a step
+
+
+def test_world_size_1_equals_one_process_and_sends_nothing(alone):
+    for got, want in zip(*alone["params"]["ZeRO-3"]):
+        close(got, want, atol=1e-6, rtol=1e-5)
+    for got, want in zip(*alone["params"]["ZeRO-2"]):
+        close(got, want, atol=1e-6, rtol=1e-5)
+    assert alone["sizes"] == [7 * 13, 13, 13, 13, 13 * 5, 5 * 3, 3]  # one piece: all of it
+    assert alone["sent"] == 0
+    close(alone["plain"], alone["params"]["ZeRO-3"][0][-1], atol=0, rtol=0)
