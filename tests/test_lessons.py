@@ -55,6 +55,7 @@ MIN_CHECKS = {
 >>>>>>> lessons
     "13": 3,  # ZeRO-1 vs plain Adam: broadcast, all_gather (ours), under our DDP
     "15": 2,  # sync PS vs all-reduce SGD, local SGD H=1 vs all-reduce SGD
+    "16": 8,  # by hand: gather, reduce-scatter; ZeRO-3, ZeRO-2, ours, DDP, torch's vs one process
 }
 # Other numbers a lesson promises, per lesson number: (regex with one number group, op, bound).
 BOUNDS = {
@@ -66,9 +67,13 @@ BOUNDS = {
     "09": [(r"after all (\d+) steps", ">=", 10)],
     "10": [(r"(\d+)% of a step computes", ">", 0)],
     "13": [(r"ZeRO-1 broadcast +[0-9.]+ KiB +([0-9.]+)x", "==", 1.5)],  # bytes, counted
+    "16": [(r"ZeRO-3 +[0-9.]+ KiB +([0-9.]+)x", "==", 1.5),  # bytes per step, counted
+           (r"ZeRO-2 +[0-9.]+ KiB +([0-9.]+)x", "==", 1.0),
+           (r"\n(?:DDP|ZeRO-\d) [^\n]* ([0-9.]+)x\n", "<=", 1.10),  # memory / formula (+ layers)
+           (r"\n(?:DDP|ZeRO-\d) [^\n]* ([0-9.]+)x\n", ">=", 0.90)],
 }
 # Lessons also run at an odd world size: chunks and shards that do not split evenly.
-ODD_WORLD_SIZE = ("03", "04", "06", "07", "13")
+ODD_WORLD_SIZE = ("03", "04", "06", "07", "13", "16")
 
 
 def run_lesson(name, *args, timeout=240):

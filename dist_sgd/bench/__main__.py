@@ -39,6 +39,7 @@ MEASUREMENTS = {
     "atscale": "figure 6: the cost model at 1..1024 workers vs published results",
     "zero": "lesson 13: ZeRO-1 optimizer state per rank, bytes and time per step vs torch's",
     "beyond": "lesson 15: parameter server, async SGD, Hogwild, local SGD vs all-reduce SGD",
+    "fsdp": "lesson 16: FSDP memory and bytes per rank (p = 1-4); BigNet on 2 nodes (needs root)",
 }
 
 
