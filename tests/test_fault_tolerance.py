@@ -96,3 +96,22 @@ def test_launch_max_restarts_restarts_every_rank_like_torchrun():
         launch(fail_once, 2, 2, max_restarts=1)
     with pytest.raises(ValueError, match="max_restarts"):
         launch(fail_once, 2, 0, max_restarts=-1)
+
+
+def returns_early(rank, world_size):
+    """Rank 1 returns at once; rank 0 waits in an all-reduce rank 1 never joins."""
+    if rank == 1:
+        return "done"
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item()
+
+
+def test_a_rank_that_returned_without_joining_a_collective_is_named():
+    from dist_sgd.plumbing.launch import RankError, launch
+    with pytest.raises(RankError) as caught:
+        launch(returns_early, 2, timeout=3)
+    message = str(caught.value)
+    assert "rank 0 failed" in message.splitlines()[0], message  # its all-reduce timed out
+    assert ("rank 1 had already returned from the function while rank 0 waited in a "
+            "collective (a collective every rank must call, that rank 1 never called?)") in message

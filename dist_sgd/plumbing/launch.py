@@ -301,13 +301,23 @@ def _collect(procs, conns):
             p.join(timeout=60)
         return results
     _stop(procs)
-    raise _rank_error(failures, pending)
+    raise _rank_error(failures, pending, [r for r in range(len(procs)) if r not in failures
+                                          and r not in pending])
 
 
-def _rank_error(failures, pending):
+def _returned_early(finished, waiting):
+    """Why a collective timed out when no rank failed: a peer left fn without calling it."""
+    return [f"rank {r} had already returned from the function while rank {waiting} waited in a "
+            f"collective (a collective every rank must call, that rank {r} never called?)"
+            for r in finished]
+
+
+def _rank_error(failures, pending, finished=()):
     blamed = _blame(failures)
     kind, text, tb = failures[blamed]
     lines = [f"rank {blamed} failed: {text}" if kind != "died" else f"rank {blamed} {text}"]
+    if kind == "symptom":
+        lines += _returned_early(finished, blamed)
     for r, (_, other, _) in failures.items():
         if r != blamed:
             lines.append(f"rank {r} also failed, probably as a consequence: {other.splitlines()[0][:300]}")
@@ -369,6 +379,12 @@ def _run_here(fn, world_size, args, backend, timeout, threads):
             if e.code not in (None, 0):
                 raise
             result, exiting = None, e
+        except Exception as e:
+            if _from_torch_distributed(e):  # a peer that returned already left its result here
+                done = [r for r in range(size) if r != rank and store.check([f"result/{r}"])]
+                for line in _returned_early(done, rank):
+                    print(f"[rank {rank}] {line}", file=sys.stderr, flush=True)
+            raise
         results = _meet(store, rank, size, result)
     finally:
         _leave_group()
