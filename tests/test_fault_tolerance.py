@@ -115,3 +115,20 @@ def test_a_rank_that_returned_without_joining_a_collective_is_named():
     assert "rank 0 failed" in message.splitlines()[0], message  # its all-reduce timed out
     assert ("rank 1 had already returned from the function while rank 0 waited in a "
             "collective (a collective every rank must call, that rank 1 never called?)") in message
+
+
+def test_two_restarts_with_a_late_rank_end_with_the_uninterrupted_hash():
+    """torch 2.14.1's restart hang, with its trigger (the last rank restarts 2 s late) and
+    the work-around (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): a plain torch.distributed script,
+    killed twice, restarted twice, ends as if never interrupted. `python -m
+    dist_sgd.faults.restarts --runs 50` repeats it 50 times; --share-store shows the hang."""
+    import hashlib
+
+    from dist_sgd.faults import restarts
+    total = torch.full((1000,), float(sum(range(1, restarts.STEPS + 1))), dtype=torch.float64)
+    want = hashlib.sha256(total.numpy().tobytes()).hexdigest()  # the sum 1 + ... + STEPS, exact
+    digest, seconds, out = restarts.killed_run([restarts.__file__], kill_after=[13, 28], late=2.0,
+                                               limit=120, env=ENV)
+    assert digest == want, out
+    assert out.count("final sha256") == 1, out
+    assert "2/2 attempts left" in out and "1/2 attempts left" in out, out  # both restarts ran

@@ -366,9 +366,14 @@ def _run_here(fn, world_size, args, backend, timeout, threads):
     backend = backend or default_backend(int(os.environ.get("LOCAL_WORLD_SIZE", size)))
     torch.set_num_threads(threads)  # as spawned ranks: a plain RANK=... start has no OMP_NUM_THREADS
     store = _launcher_store(rank, timeout)
-    # Each launch() in this process gets keys of its own: torchrun's store keeps the keys of
-    # earlier groups, and a new group that read them would try to connect to the old one.
-    run = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    # Each launch() in this process gets keys of its own: a store keeps the keys of earlier
+    # groups, and a new group that read them would try to connect to the old one. The agent's
+    # shared store also outlives a restart (torch 2.14.1: see dist_sgd.faults.restarts), so
+    # there the keys carry the attempt too. With TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 every
+    # round has a fresh store and needs no attempt in its keys, which is what elastic runs
+    # need: a node that joins later counts its restarts from 0.
+    shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    run = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") if shared else "-"
     store = dist.PrefixStore(f"dist_sgd/{run}/{store.add(f'dist_sgd/{run}/calls/{rank}', 1)}/", store)
     _init(rank, size, backend, timeout, store=dist.PrefixStore("group/", store))
     exiting = None
