@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from dist_sgd.faults.chaos import kill_a_worker
-from dist_sgd.faults.peer_recovery import run_with_peer_recovery
+from dist_sgd.faults.peer_recovery import current_group, run_with_peer_recovery
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LESSON = os.path.join(ROOT, "lessons", "14_fault_tolerance.py")
@@ -45,9 +45,10 @@ def test_kill_and_restart_under_torchrun_ends_with_the_uninterrupted_hash(tmp_pa
     assert digest_of(out) == digest_of(straight.stdout)
 
 
-def sum_steps(group, steps, fail_on_rank=None):
+def sum_steps(rank, world_size, steps, fail_on_rank=None):
     """Toy training: the state after step s is the sum 1 + 2 + ... + s, averaged across ranks
     by an all_reduce each step. Exact in float64, so every rank must end at steps*(steps+1)/2."""
+    group = current_group()
     state = group.sync({"step": 0, "total": 0.0} if group.generation == 0 else None)
     while state["step"] < steps:
         try:
@@ -129,6 +130,6 @@ def test_two_restarts_with_a_late_rank_end_with_the_uninterrupted_hash():
     want = hashlib.sha256(total.numpy().tobytes()).hexdigest()  # the sum 1 + ... + STEPS, exact
     digest, seconds, out = restarts.killed_run([restarts.__file__], kill_after=[13, 28], late=2.0,
                                                limit=120, env=ENV)
-    assert digest == want, out
-    assert out.count("final sha256") == 1, out
-    assert "2/2 attempts left" in out and "1/2 attempts left" in out, out  # both restarts ran
+    assert digest == want, out[-3000:]
+    assert out.count("final sha256") == 1, out[-3000:]  # each kill landed before the end
+    assert out.count("(exitcode: -9)") == 2, out[-3000:]  # two workers killed, two restarts

@@ -38,6 +38,7 @@ MIN_CHECKS = {
     "11": 7,  # 4 all-reduces vs the single-machine sum, 3 DDPs vs torch DDP
     "12": 7,  # our hooks vs torch's on the same gradients, bytes counted vs the formula
     "13": 3,  # ZeRO-1 vs plain Adam: broadcast, all_gather (ours), under our DDP
+    "14": 2,  # weights after a torchrun restart, after peer recovery, vs the uninterrupted run
     "15": 2,  # sync PS vs all-reduce SGD, local SGD H=1 vs all-reduce SGD
 }
 # Other numbers a lesson promises, per lesson number: (regex with one number group, op, bound).

@@ -49,7 +49,7 @@ import torch.distributed as dist
 from dist_sgd.faults.chaos import kill_a_worker, torchrun_workers, write_step
 
 WORKAROUND = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-STEPS, EVERY = 40, 5
+STEPS, EVERY, STEP_S = 60, 5, 0.02  # STEP_S: a sleep standing for a step's compute
 # The last local rank of a restarted attempt starts `late` seconds after the others.
 LATE_START = ('if [ "$TORCHELASTIC_RESTART_COUNT" != 0 ] && '
               '[ "$LOCAL_RANK" = $(( LOCAL_WORLD_SIZE - 1 )) ]; then sleep "$LATE"; fi; '
@@ -65,6 +65,7 @@ def plain_worker(ckpt_dir, steps=STEPS, every=EVERY):
     step, total = torch.load(path) if os.path.exists(path) else (0, torch.zeros(1000, dtype=torch.float64))
     while step < steps:
         t = torch.full((1000,), float(step + 1), dtype=torch.float64)
+        time.sleep(STEP_S)  # the step's compute: a killer watching the progress gets its chance
         dist.all_reduce(t)
         total, step = total + t / size, step + 1
         if rank == 0:
@@ -116,7 +117,7 @@ def killed_run(script_args, kill_after, late=2.0, share_store=False, limit=60.0,
         seconds = time.monotonic() - start
         log.seek(0)
         out = log.read()
-    return digest_of(out) if proc.returncode == 0 else None, seconds, out[-3000:]
+    return digest_of(out) if proc.returncode == 0 else None, seconds, out
 
 
 def uninterrupted(script_args, env=None):
