@@ -327,10 +327,13 @@ class Cluster:
         return codes
 
     def start(self, cmd, nodes=None, env=None, output=None):
-        """Start `cmd` in each of `nodes` (default: all) and return; wait() collects them."""
+        """Start `cmd` in each of `nodes` (default: all) and return; wait() collects them.
+        A node removed before is added back (its link up again)."""
         self._output = output or self._output or sys.stdout
         for rank in range(self.n) if nodes is None else nodes:
             with self._shield():  # started means tracked: stop() will find it
+                if rank in self._removed:
+                    self._link(rank, "up")
                 proc = subprocess.Popen(
                     self.argv(rank, cmd), env=dict(os.environ, **(env or {}), **self.env(rank)),
                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -348,8 +351,7 @@ class Cluster:
         every process in it is SIGKILLed. Its exit is expected: wait() does not count it."""
         with self._shield():
             self._removed.add(rank)
-            _sh("ip", "-n", self.switch, "link", "set", f"port{rank}", "down")
-            _sh("ip", "-n", self.netns[rank], "link", "set", IFNAME, "down")
+            self._link(rank, "down")
             proc = self._procs.get(rank)
             if proc is not None:
                 _signal_group(proc, signal.SIGKILL)
@@ -357,10 +359,11 @@ class Cluster:
 
     def add_node(self, rank, cmd, env=None):
         """Node `rank` (back, or for the first time) joins: its link up, `cmd` started there."""
-        with self._shield():
-            _sh("ip", "-n", self.netns[rank], "link", "set", IFNAME, "up")
-            _sh("ip", "-n", self.switch, "link", "set", f"port{rank}", "up")
         self.start(cmd, nodes=[rank], env=env)
+
+    def _link(self, rank, state):
+        for ns, dev in ((self.switch, f"port{rank}"), (self.netns[rank], IFNAME)):
+            _sh("ip", "-n", ns, "link", "set", dev, state)
 
     def wait(self, nodes=None, timeout=None, grace=3.0):
         """Wait for the processes of `nodes` (default: every node started and not removed);
