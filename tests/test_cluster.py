@@ -217,3 +217,70 @@ def test_bench_reports_the_targets_from_a_csv(tmp_path, monkeypatch, capsys):
     # predicted: 30 ms + 2 alpha + n beta = 68.6 ms (no overlap); 10 + max(20, 38.6) = 48.6 ms
     assert "average_gradients -2%, our DDP -3%" in out, out
     assert "left behind after the run: nothing" in out
+
+
+# ---- the lifecycle: a signal at any moment, a node lost and a node added -----------------------
+
+def interrupt_after(monkeypatch, name, when):
+    """Deliver a real SIGINT to this process right after cluster.<name>(...) returns, the
+    `when`-th time: the moment a Ctrl-C would land between two steps of building or removing."""
+    real, calls = getattr(cluster, name), []
+
+    def wrapped(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls.append(args)
+        if len(calls) == when:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(cluster, name, wrapped)
+
+
+@needs_root
+@pytest.mark.parametrize("name,when", [("_sh", 1), ("_sh", 7), ("_remove_netns", 1)],
+                         ids=["first-namespace-made", "mid-build", "mid-teardown"])
+def test_ctrl_c_while_building_or_removing_leaves_nothing(monkeypatch, name, when):
+    c = cluster.Cluster(2)
+    interrupt_after(monkeypatch, name, when)
+    with pytest.raises(KeyboardInterrupt):
+        with c:
+            if name == "_remove_netns":
+                raise KeyboardInterrupt("the first Ctrl-C, while running")  # then one in down()
+            time.sleep(5)  # the block itself never finishes: the signal ends it
+    assert made_by(os.getpid()) == []
+
+
+def reach(c, node, address):
+    """From inside `node`: does `address` answer a TCP connect (nothing listens: "refused")?"""
+    probe = (f"import socket\ntry: socket.create_connection(('{address}', 9), timeout=1)\n"
+             "except ConnectionRefusedError: print('refused')\nexcept OSError: print('no answer')")
+    return subprocess.run(["ip", "netns", "exec", c.netns[node], sys.executable, "-c", probe],
+                          capture_output=True, text=True).stdout.strip()
+
+
+@needs_root
+def test_a_node_removed_and_added_back():
+    lines = []
+
+    class Sink:
+        def write(self, text):
+            lines.append(text)
+
+        def flush(self):
+            pass
+
+    with cluster.Cluster(3) as c:
+        c.start("echo up $NODE_RANK; sleep 30", output=Sink())
+        time.sleep(0.5)
+        c.remove_node(2)  # every process killed, the link cut: a machine that vanished
+        gone = reach(c, 0, c.addresses[2])
+        c.add_node(2, "echo back $NODE_RANK; sleep 30")
+        back = reach(c, 0, c.addresses[2])
+        c.remove_node(2)  # the second node process ends too, and is no failure
+        codes = c.wait(timeout=20, nodes=[2])
+        c.stop()
+    out = "".join(lines)
+    assert (gone, back) == ("no answer", "refused"), (gone, back)  # cut, then back on the link
+    assert "[node 2] up 2" in out and "[node 2] back 2" in out, out
+    assert codes == {}, codes  # a removed node is not waited for
+    assert made_by(os.getpid()) == []

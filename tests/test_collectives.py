@@ -350,9 +350,11 @@ def errors(rank, size):
     if size > 1:  # sizes that differ between ranks, caught by torch's own debug switch
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         try:
-            C.all_reduce(torch.ones(4 + rank))
-        except ValueError as e:
-            messages["mismatch"] = f"ValueError: {e}"
+            for name, call in mismatched(rank, size).items():
+                try:
+                    call()
+                except ValueError as e:
+                    messages[f"mismatch_{name}"] = f"ValueError: {e}"
         finally:
             del os.environ["TORCH_DISTRIBUTED_DEBUG"]
     x = torch.arange(5.0) + rank  # the group still works: no stray message was sent
@@ -363,6 +365,22 @@ def errors(rank, size):
     C.all_reduce(w)
     messages["parameter"] = w.tolist()
     return messages
+
+
+def mismatched(rank, size):
+    """Every collective with one rank's tensor one element longer (rank 1's): under
+    TORCH_DISTRIBUTED_DEBUG=DETAIL each must raise on every rank, as torch's do."""
+    n = 4 + (rank == 1)  # rank 1 passes 5 elements, the others 4
+    root = [torch.ones(4) for _ in range(size)]
+    return {"all_reduce": lambda: C.all_reduce(torch.ones(n)),
+            "broadcast": lambda: C.broadcast(torch.ones(n), src=0),
+            "reduce": lambda: C.reduce(torch.ones(n), dst=0),
+            "all_gather": lambda: C.all_gather([torch.ones(n) for _ in range(size)], torch.ones(n)),
+            "reduce_scatter": lambda: C.reduce_scatter(torch.ones(n),
+                                                       [torch.ones(n) for _ in range(size)]),
+            # the root's list matches its own tensor; rank 1's tensor is the odd one
+            "scatter": lambda: C.scatter(torch.ones(n), root if rank == 0 else None, src=0),
+            "gather": lambda: C.gather(torch.ones(n), root if rank == 0 else None, dst=0)}
 
 
 def run_all(rank, size):
@@ -560,7 +578,10 @@ def test_bad_input_gets_a_clear_error(results):
     if size == 1:
         wanted.update(gather_list_length="got 2", scatter_list_missing="got NoneType")
     else:
-        wanted["mismatch"] = "rank 0: 4 elements, rank 1: 5 elements"
+        for name in ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
+                     "scatter", "gather"):
+            wanted[f"mismatch_{name}"] = f"{name}: every rank must pass a tensor with as many "
+            wanted[f"mismatch_{name}"] += "elements of the same dtype; got rank 0: 4 elements, rank 1: 5"
     for name, text in wanted.items():
         assert name in m, f"{name}: no error raised"
         assert text in m[name] and m[name].startswith(("ValueError", "TypeError")), (name, m[name])

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from dist_sgd.faults.chaos import kill_a_worker
-from dist_sgd.faults.peer_recovery import run_with_peer_recovery
+from dist_sgd.faults.peer_recovery import current_group, run_with_peer_recovery
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LESSON = os.path.join(ROOT, "lessons", "14_fault_tolerance.py")
@@ -45,9 +45,10 @@ def test_kill_and_restart_under_torchrun_ends_with_the_uninterrupted_hash(tmp_pa
     assert digest_of(out) == digest_of(straight.stdout)
 
 
-def sum_steps(group, steps, fail_on_rank=None):
+def sum_steps(rank, world_size, steps, fail_on_rank=None):
     """Toy training: the state after step s is the sum 1 + 2 + ... + s, averaged across ranks
     by an all_reduce each step. Exact in float64, so every rank must end at steps*(steps+1)/2."""
+    group = current_group()
     state = group.sync({"step": 0, "total": 0.0} if group.generation == 0 else None)
     while state["step"] < steps:
         try:
@@ -96,3 +97,39 @@ def test_launch_max_restarts_restarts_every_rank_like_torchrun():
         launch(fail_once, 2, 2, max_restarts=1)
     with pytest.raises(ValueError, match="max_restarts"):
         launch(fail_once, 2, 0, max_restarts=-1)
+
+
+def returns_early(rank, world_size):
+    """Rank 1 returns at once; rank 0 waits in an all-reduce rank 1 never joins."""
+    if rank == 1:
+        return "done"
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item()
+
+
+def test_a_rank_that_returned_without_joining_a_collective_is_named():
+    from dist_sgd.plumbing.launch import RankError, launch
+    with pytest.raises(RankError) as caught:
+        launch(returns_early, 2, timeout=3)
+    message = str(caught.value)
+    assert "rank 0 failed" in message.splitlines()[0], message  # its all-reduce timed out
+    assert ("rank 1 had already returned from the function while rank 0 waited in a "
+            "collective (a collective every rank must call, that rank 1 never called?)") in message
+
+
+def test_two_restarts_with_a_late_rank_end_with_the_uninterrupted_hash():
+    """torch 2.14.1's restart hang, with its trigger (the last rank restarts 2 s late) and
+    the work-around (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): a plain torch.distributed script,
+    killed twice, restarted twice, ends as if never interrupted. `python -m
+    dist_sgd.faults.restarts --runs 50` repeats it 50 times; --share-store shows the hang."""
+    import hashlib
+
+    from dist_sgd.faults import restarts
+    total = torch.full((1000,), float(sum(range(1, restarts.STEPS + 1))), dtype=torch.float64)
+    want = hashlib.sha256(total.numpy().tobytes()).hexdigest()  # the sum 1 + ... + STEPS, exact
+    digest, seconds, out = restarts.killed_run([restarts.__file__], kill_after=[13, 28], late=2.0,
+                                               limit=120, env=ENV)
+    assert digest == want, out[-3000:]
+    assert out.count("final sha256") == 1, out[-3000:]  # each kill landed before the end
+    assert out.count("(exitcode: -9)") == 2, out[-3000:]  # two workers killed, two restarts

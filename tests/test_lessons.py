@@ -54,6 +54,7 @@ MIN_CHECKS = {
     "12": 7,  # our hooks vs torch's on the same gradients, bytes counted vs the formula
 >>>>>>> lessons
     "13": 3,  # ZeRO-1 vs plain Adam: broadcast, all_gather (ours), under our DDP
+    "14": 2,  # weights after a torchrun restart, after peer recovery, vs the uninterrupted run
     "15": 2,  # sync PS vs all-reduce SGD, local SGD H=1 vs all-reduce SGD
     "16": 8,  # by hand: gather, reduce-scatter; ZeRO-3, ZeRO-2, ours, DDP, torch's vs one process
 }

@@ -62,6 +62,25 @@ def torchs(period, warmup_steps=0):
     return make
 
 
+def groups(model):
+    """Two parameter groups, as opt.param_groups holds them (torch's averager takes these)."""
+    params = list(model.parameters())
+    return [{"params": params[:2], "lr": LR}, {"params": params[2:], "lr": LR / 2}]
+
+
+def ours_groups(period):
+    def make(model):
+        return LocalSGD(groups(model), period=period).step
+    return make
+
+
+def torchs_groups(period):
+    def make(model):
+        averager = PeriodicModelAverager(period=period)
+        return lambda: averager.average_parameters(groups(model))
+    return make
+
+
 def nothing(model):
     return lambda: None
 
@@ -94,6 +113,8 @@ def scenarios(rank, world_size):
         "H=1": train(rank, world_size, ours(period=1)),
         "H=4": train(rank, world_size, ours(period=4)),
         "torch H=4": train(rank, world_size, torchs(4)),
+        "H=4 param groups": train(rank, world_size, ours_groups(4)),
+        "torch H=4 param groups": train(rank, world_size, torchs_groups(4)),
         "H=2 warmup 3": train(rank, world_size, ours(period=2, warmup_steps=3)),
         "torch H=2 warmup 3": train(rank, world_size, torchs(2, 3)),
         "diloco plain": train(rank, world_size, ours(period=3, outer_lr=1.0)),
@@ -114,6 +135,7 @@ def three():
 @pytest.mark.parametrize("ours_key,ref_key", [
     ("H=1", "sync"),                         # local SGD with H = 1 is synchronous SGD
     ("H=4", "torch H=4"),                    # == PeriodicModelAverager, step for step
+    ("H=4 param groups", "torch H=4 param groups"),  # given opt.param_groups, as torch's takes
     ("H=2 warmup 3", "torch H=2 warmup 3"),
     ("diloco plain", "torch H=3"),           # outer lr 1, no momentum: plain averaging
     ("diloco", "diloco by hand"),            # the outer Nesterov step
@@ -147,6 +169,8 @@ def test_single_process_and_bad_arguments():
     local = LocalSGD(model.parameters(), period=2)
     assert local.step() and not local.step() and local.syncs == 1 and local.bytes_per_sync == 0
     torch.testing.assert_close(flat_weights(model), before)  # one process: its own average
+    opt = torch.optim.SGD([{"params": [model.fc1.weight]}, {"params": [model.fc2.weight]}], lr=1)
+    assert LocalSGD(opt.param_groups, period=2).params == [model.fc1.weight, model.fc2.weight]
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="period"):
             LocalSGD(model.parameters(), period=bad)

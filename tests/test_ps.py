@@ -40,6 +40,15 @@ class Tied(nn.Module):
         return F.log_softmax(self.head(torch.tanh(self.b(h))), dim=1)
 
 
+class WithUnused(Tied):
+    """Tied plus a trainable layer forward never uses: it gets no gradient (p.grad is None), so
+    torch's SGD leaves it alone despite momentum and weight decay, and so must the server."""
+
+    def __init__(self):
+        super().__init__()
+        self.unused = nn.Linear(7, 3)
+
+
 def batches(n_workers):
     """STEPS global batches of PER_WORKER items per worker (the same on every rank)."""
     data = synthetic(n=STEPS * PER_WORKER * n_workers, seed=3)
@@ -47,18 +56,18 @@ def batches(n_workers):
     return x.view(STEPS, n_workers * PER_WORKER, 1, 28, 28), y.view(STEPS, -1)
 
 
-def fresh():
+def fresh(cls=Tied):
     torch.manual_seed(0)
-    return Tied().double()
+    return cls().double()
 
 
 def weights(model):
     return ps.flat_weights(model).clone()
 
 
-def ps_run(rank, servers, workers, mode, **kw):
+def ps_run(rank, servers, workers, mode, cls=Tied, **kw):
     """This rank's part in one PS run: a server's stats, or a worker's weights after each step."""
-    model = fresh()
+    model = fresh(cls)
     if rank in servers:
         return ps.ParameterServer(model, servers, workers, LR, MOMENTUM, WD, mode=mode,
                                   **kw).serve()
@@ -78,11 +87,11 @@ def ps_run(rank, servers, workers, mode, **kw):
     return {"history": history, "final": weights(model), **stats}
 
 
-def allreduce_run(rank, workers, group):
+def allreduce_run(rank, workers, group, cls=Tied):
     """The reference: all-reduce SGD among `workers` (torch's all_reduce and torch.optim.SGD)."""
     if rank not in workers:
         return None
-    model = fresh()
+    model = fresh(cls)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
     x, y = batches(len(workers))
     me = slice(workers.index(rank) * PER_WORKER, (workers.index(rank) + 1) * PER_WORKER)
@@ -99,8 +108,8 @@ def allreduce_run(rank, workers, group):
     return history
 
 
-def plain_sgd(steps=STEPS):
-    model = fresh()
+def plain_sgd(steps=STEPS, cls=Tied):
+    model = fresh(cls)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
     x, y = batches(1)
     history = []
@@ -176,6 +185,10 @@ def scenarios(rank, world_size):
     out["async 1x1"] = (ps_run(rank, [0], [1], "async"), plain_sgd() if rank == 1 else None)
     out["async 1x3"] = (ps_run(rank, [0], [1, 2, 3], "async"), None)
     out["async aware"] = (ps_run(rank, [0], [1, 2, 3], "async", staleness_aware=True), None)
+    out["sync unused"] = (ps_run(rank, [0, 1], [2, 3], "sync", cls=WithUnused),
+                          allreduce_run(rank, [2, 3], groups["two servers"], cls=WithUnused))
+    out["async unused"] = (ps_run(rank, [0], [1], "async", cls=WithUnused),
+                           plain_sgd(cls=WithUnused) if rank == 1 else None)
     for aware in (False, True):
         out[f"ordered aware={aware}"] = (ordered_async(rank, groups["tokens"], aware), None)
     dist.barrier()
@@ -195,6 +208,15 @@ def test_sync_ps_equals_allreduce_sgd(four, case, workers):
         for step in range(STEPS):
             torch.testing.assert_close(got["history"][step], want[step],
                                        msg=f"{case} rank {w} step {step}")
+
+
+@pytest.mark.parametrize("case,worker", [("sync unused", 2), ("async unused", 1)])
+def test_a_parameter_without_gradient_stays_where_torchs_sgd_leaves_it(four, case, worker):
+    got, want = four[worker][case]
+    for step in range(STEPS):
+        torch.testing.assert_close(got["history"][step], want[step], msg=f"{case} step {step}")
+    n = fresh(WithUnused).unused.weight.numel() + 3  # the unused layer: the last trainables
+    torch.testing.assert_close(got["final"][-n:], weights(fresh(WithUnused))[-n:], rtol=0, atol=0)
 
 
 def test_sync_ps_servers_hold_their_shard(four):

@@ -131,7 +131,10 @@ def run_config(rank, world_size, name, scheme, colls, gradients):
 def round_trip(rank, cls, kwargs, model, opt, ref, ref_opt, scheme):
     """Our state_dict equals the plain one; loaded into the plain optimizer, whose state_dict
     loaded back into a fresh ShardedOptimizer, both train on exactly like the reference."""
-    saved = opt.state_dict()
+    for r in range(dist.get_world_size()):  # torch's idiom, once towards every rank
+        opt.consolidate_state_dict(to=r)
+        if r == rank:
+            saved = opt.state_dict()
     plain_model = copy.deepcopy(model)
     plain = cls(groups(plain_model, with_late=True), **kwargs)
     plain.load_state_dict(copy.deepcopy(saved))

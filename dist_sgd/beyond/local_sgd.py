@@ -1,6 +1,7 @@
 """Local SGD: every rank trains its own copy for a while, then the copies are averaged.
 
     local = LocalSGD(model.parameters(), period=8)          # average every 8 steps
+                                                             # (or opt.param_groups)
     for x, y in loader:                                      # each rank: its own shard, no sync
         optimizer.zero_grad(); F.nll_loss(model(x), y).backward(); optimizer.step()
         local.step()                                         # all-reduce the weights, sometimes
@@ -40,6 +41,15 @@ def average_parameters(params, group=None):
     return flat
 
 
+def _parameters(params):
+    """Parameters, or parameter groups as opt.param_groups holds them (torch's averagers take
+    both): the parameters, in order, each once."""
+    out = []
+    for item in params:
+        out += item["params"] if isinstance(item, dict) else [item]
+    return list({id(p): p for p in out}.values())
+
+
 class LocalSGD:
     """Call step() after every optimizer.step(); it averages the weights every `period` steps.
 
@@ -54,7 +64,7 @@ class LocalSGD:
             raise ValueError(f"period must be a positive integer, got {period!r}")
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
-        self.params = [p for p in params if p.requires_grad]
+        self.params = [p for p in _parameters(params) if p.requires_grad]
         self.period, self.warmup_steps, self.group = period, warmup_steps, group
         self.counter, self.syncs = 0, 0
         p, n = world(group=group)[1], sum(q.numel() * q.element_size() for q in self.params)

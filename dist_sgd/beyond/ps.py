@@ -21,8 +21,9 @@ mode="async": a server applies each gradient as it arrives and sends the result 
   sender only. A gradient computed on weights that have since been updated k times has
   *staleness* k; `staleness_aware=True` divides the learning rate by it (Zhang et al. 2016).
 
-The protocol. Every message from a worker is a header [kind, step] (kind GRAD or DONE) on
-HEADER_TAG, for GRAD followed by the gradient shard on DATA_TAG; a server answers with weights
+The protocol. Every message from a worker is a header [kind, step, has_grad...] (kind GRAD or
+DONE; one 0/1 per trainable parameter: did it get a gradient) on HEADER_TAG, for GRAD
+followed by the gradient shard on DATA_TAG; a server answers with weights
 on DATA_TAG. A worker that is done sends DONE and waits for the final weights, which every
 server sends to every worker once all of them are done. Nothing waits forever: a server that
 hears nothing from its workers for `timeout` seconds raises, naming the silent workers, and
@@ -30,8 +31,11 @@ a rank that dies is reported by launch() (its peers' receives fail).
 
 Only trainable parameters travel (frozen ones stay as each worker built them; buffers such as
 BatchNorm statistics stay on each worker). A trainable parameter that got no gradient in a
-step sends zeros: a dense message cannot say "none", so with momentum or weight decay it still
-moves, where torch.optim.SGD would skip it.
+step (p.grad is None) travels as zeros, and the header says so: the server steps its shard
+parameter by parameter (one view each), and skips a parameter no worker of this update had a
+gradient for, as torch.optim.SGD skips it (no momentum or weight decay moves it). One that
+some workers of a sync step had a gradient for and others not is averaged with zeros for the
+others, as DDP does for an unused parameter.
 """
 import datetime
 
@@ -104,8 +108,19 @@ class ParameterServer:
         self.max_updates = max_updates  # None: until the workers say they are done
         flat = flat_weights(model).to(device())
         self.lo, self.hi = shard_bounds(flat.numel(), len(servers))[self.servers.index(self.rank)]
-        self.weights = torch.nn.Parameter(flat[self.lo:self.hi].clone())
-        self.optimizer = SGD([self.weights], lr=lr, momentum=momentum, weight_decay=weight_decay)
+        self.weights = flat[self.lo:self.hi].clone()
+        self.num_params = len(_params(model))
+        # The shard cut at parameter boundaries: (parameter index, start, end) within the shard,
+        # each stepped as its own Parameter, a view of self.weights (so a missing gradient
+        # skips exactly that parameter, as torch's SGD does).
+        self.pieces, start = [], 0
+        for i, p in enumerate(_params(model)):
+            a, b = max(start, self.lo), min(start + p.numel(), self.hi)
+            if a < b:
+                self.pieces.append((i, a - self.lo, b - self.lo))
+            start += p.numel()
+        self.params = [torch.nn.Parameter(self.weights[a:b]) for _, a, b in self.pieces]
+        self.optimizer = SGD(self.params, lr=lr, momentum=momentum, weight_decay=weight_decay)
         self.version = 0  # updates applied so far
         self.staleness = []  # one entry per update: how many updates the gradient missed
         self.bytes_sent = self.bytes_received = 0
@@ -124,10 +139,9 @@ class ParameterServer:
             work.wait()
 
     def _receive_header(self, src=None):
-        """(sender, kind) of the next header from worker `src`, or from any worker (None).
-
-        Waits at most `timeout` seconds: a worker that stops talking ends the run, named."""
-        header = torch.zeros(2, dtype=torch.int64, device=self.weights.device)
+        """(sender, kind, has_grad) of the next header from worker `src`, or from any worker
+        (None). Waits at most `timeout` seconds: a worker that stops talking ends the run, named."""
+        header = torch.zeros(2 + self.num_params, dtype=torch.int64, device=self.weights.device)
         work = dist.irecv(header, src, tag=HEADER_TAG)
         try:
             work.wait(datetime.timedelta(seconds=self.timeout))
@@ -138,19 +152,21 @@ class ParameterServer:
             raise TimeoutError(f"parameter server rank {self.rank}: no message from "
                                f"{', '.join(f'worker rank {w}' for w in silent)} for "
                                f"{self.timeout:g} s (hung or too slow?)") from None
-        return (src if src is not None else work._source_rank()), int(header[0])
+        return (src if src is not None else work._source_rank()), int(header[0]), header[2:].bool()
 
     def _receive_gradient(self, w):
-        grad = torch.empty_like(self.weights.detach())
+        grad = torch.empty_like(self.weights)
         dist.recv(grad, w, tag=DATA_TAG)  # sent right behind its header
         self.bytes_received += grad.numel() * grad.element_size()
         return grad
 
-    def _apply(self, grad, staleness):
-        """One SGD step of the shard; lr / staleness when staleness-aware."""
+    def _apply(self, grad, has_grad, staleness):
+        """One SGD step of the shard; lr / staleness when staleness-aware. A parameter without
+        a gradient (has_grad False) gets grad None: the optimizer skips it."""
         lr = self.lr / max(1, staleness) if self.staleness_aware else self.lr
         self.optimizer.param_groups[0]["lr"] = lr
-        self.weights.grad = grad
+        for p, (i, a, b) in zip(self.params, self.pieces):
+            p.grad = grad[a:b] if has_grad[i] else None
         self.optimizer.step()
         self.version += 1
 
@@ -164,32 +180,34 @@ class ParameterServer:
         self.waiting_for = list(self.workers)  # workers not done yet
         while self.waiting_for:
             if self.mode == "sync":  # a message from every worker, then one step
-                kinds = {w: self._receive_header(w)[1] for w in self.workers}
+                headers = {w: self._receive_header(w) for w in self.workers}
+                kinds = {w: h[1] for w, h in headers.items()}
                 if set(kinds.values()) == {DONE}:
                     break
                 if DONE in kinds.values():
                     raise RuntimeError(f"sync parameter server rank {self.rank}: workers disagree "
                                        f"on the number of steps (kind by worker, 1 = done: {kinds})")
-                total = torch.zeros_like(self.weights.detach())
+                total = torch.zeros_like(self.weights)
                 for w in self.workers:  # a fixed order: the same sum on every run
                     total += self._receive_gradient(w)
+                has_grad = torch.stack([h[2] for h in headers.values()]).any(0)
                 self.staleness += [0] * len(self.workers)  # every gradient saw the newest weights
-                self._apply(total / len(self.workers), staleness=0)
+                self._apply(total / len(self.workers), has_grad, staleness=0)
                 self._send_weights(self.workers)
             else:  # async: whoever comes first is served first
-                w, kind = self._receive_header()
+                w, kind, has_grad = self._receive_header()
                 if kind == DONE:
                     self.waiting_for.remove(w)
                     continue
                 staleness = self.version - sent_version[w]
                 self.staleness.append(staleness)
-                self._apply(self._receive_gradient(w), staleness)
+                self._apply(self._receive_gradient(w), has_grad, staleness)
                 self._send_weights([w])
                 sent_version[w] = self.version
         self._send_weights(self.workers, more=False)  # the final weights, for finish()
         return {"rank": self.rank, "updates": self.version, "staleness": self.staleness,
                 "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
-                "shard": (self.lo, self.hi), "weights": self.weights.detach().cpu().clone()}
+                "shard": (self.lo, self.hi), "weights": self.weights.cpu().clone()}
 
 
 class Worker:
@@ -202,7 +220,8 @@ class Worker:
         self.steps = self.bytes_sent = self.bytes_received = self.version = 0
 
     def _send(self, kind, flat=None):
-        header = torch.tensor([kind, self.steps], dtype=torch.int64, device=device())
+        has_grad = [int(p.grad is not None) for p in _params(self.model)]
+        header = torch.tensor([kind, self.steps] + has_grad, dtype=torch.int64, device=device())
         works = []
         for s, (lo, hi) in zip(self.servers, self.bounds):
             works.append(dist.isend(header, s, tag=HEADER_TAG))

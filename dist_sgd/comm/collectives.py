@@ -19,8 +19,8 @@ CPU (gloo) or a GPU (NCCL; temporaries are made on the tensor's device).
 Reduce ops: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR on the dtypes gloo reduces, with
 gloo's results; what gloo refuses (bitwise ops on floats, AVG on integers, MIN on complex,
 int16, PREMUL_SUM) raises TypeError/ValueError on every rank before any message is sent.
-Every rank must pass as many elements: TORCH_DISTRIBUTED_DEBUG=DETAIL checks it (see
-_same_everywhere). Not supported: group=, async_op=, sparse tensors (TypeError).
+Every rank must pass as many elements: TORCH_DISTRIBUTED_DEBUG=DETAIL checks it in every
+collective (see _same_everywhere). Not supported: group=, async_op=, sparse tensors (TypeError).
 
 DIST_SGD_VERBOSE=1 prints every send and receive: `[rank r] send -> peer p chunk c (n bytes)`.
 The algorithms themselves live in allreduce.py.
@@ -264,6 +264,7 @@ def gather(tensor, gather_list=None, dst=0):
     _check_tensor(tensor, "tensor")
     rank, size = world("dist_sgd.comm.collectives")
     _check_rank(dst, "dst", size)
+    _same_everywhere("gather", tensor)
     link = Link("gather")
     if rank != dst:
         if gather_list:
@@ -287,6 +288,7 @@ def scatter(tensor, scatter_list=None, src=0):
     _check_tensor(tensor, "tensor")
     rank, size = world("dist_sgd.comm.collectives")
     _check_rank(src, "src", size)
+    _same_everywhere("scatter", tensor)
     link = Link("scatter")
     if rank != src:
         if scatter_list:

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import time
 
+from dist_sgd.plumbing.rank import rank
+
 
 def torchrun_workers(proc):
     """The pids of the workers the torchrun process `proc` started (its children)."""
@@ -58,7 +60,9 @@ def run_and_kill(cmd, progress_path, after_step, env=None, timeout=300):
 
 
 def write_step(path, step):
-    """Record how far a run got (rank 0, after every step): kill_a_worker reads it."""
+    """Record how far a run got (after every step; only rank 0 writes): kill_a_worker reads it."""
+    if rank() != 0:
+        return
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         f.write(str(step))

@@ -14,8 +14,9 @@ everyone again and recomputes the steps since the last checkpoint. Here instead:
    weights, optimizer state and step to all others: the replacement catches up from a peer.
    Training goes on from there; at most the step that failed is done again.
 
-    results, events = run_with_peer_recovery(train, world_size=3, args=(...), kill=(1, 40))
-    def train(group, *args):           # group: a PeerGroup; group.rank, group.world_size
+    results, events = run_with_peer_recovery(run, world_size=3, args=(...), kill=(1, 40))
+    def run(rank, world_size, *args):  # as launch() calls it
+        group = current_group()        # this rank's PeerGroup
         ...; state = group.sync(state)  # after joining: take the newest state from a peer
         while step < steps:
             try: one_step(); group.progress(step)
@@ -88,16 +89,33 @@ class PeerGroup:
             self.store.set("progress", str(step))
 
 
+def state_of(model, optimizer, step):
+    """What a rank offers its peers: weights (a DDP wrapper's inner model), optimizer, step."""
+    return {"step": step, "model": getattr(model, "module", model).state_dict(),
+            "optimizer": optimizer.state_dict()}
+
+
+_GROUP = None  # this process's PeerGroup, inside run_with_peer_recovery
+
+
+def current_group():
+    """The PeerGroup of this rank (only inside a function run_with_peer_recovery runs)."""
+    if _GROUP is None:
+        raise RuntimeError("current_group() works inside a function run by run_with_peer_recovery")
+    return _GROUP
+
+
 def _child(fn, rank, world_size, port, generation, args, env, conn):
+    global _GROUP
     os.environ.clear()
     os.environ.update(env)
     torch.set_num_threads(1)
     try:
         store = dist.TCPStore("127.0.0.1", port, is_master=False,
                               timeout=datetime.timedelta(seconds=60))
-        group = PeerGroup(store, rank, world_size, generation)
+        _GROUP = group = PeerGroup(store, rank, world_size, generation)
         group.join()
-        result = fn(group, *args)
+        result = fn(rank, world_size, *args)
         dist.barrier()  # nobody leaves while a peer still needs the group
         dist.destroy_process_group()
         conn.send_bytes(pickle.dumps(("ok", result)))
@@ -107,7 +125,8 @@ def _child(fn, rank, world_size, port, generation, args, env, conn):
 
 
 def run_with_peer_recovery(fn, world_size, args=(), kill=None, max_replacements=3, timeout=120):
-    """Run fn(group, *args) on world_size ranks; replace a rank that dies, up to
+    """Run fn(rank, world_size, *args) on world_size ranks (current_group() is the rank's
+    PeerGroup there); replace a rank that dies, up to
     max_replacements times. kill=(rank, step) kills that rank (SIGKILL) once rank 0 reported
     that step: the failure the lesson and the tests inject. Returns (results by rank, events):
     events holds the times of each kill, replacement and resume, for measuring recovery."""

@@ -301,13 +301,23 @@ def _collect(procs, conns):
             p.join(timeout=60)
         return results
     _stop(procs)
-    raise _rank_error(failures, pending)
+    raise _rank_error(failures, pending, [r for r in range(len(procs)) if r not in failures
+                                          and r not in pending])
 
 
-def _rank_error(failures, pending):
+def _returned_early(finished, waiting):
+    """Why a collective timed out when no rank failed: a peer left fn without calling it."""
+    return [f"rank {r} had already returned from the function while rank {waiting} waited in a "
+            f"collective (a collective every rank must call, that rank {r} never called?)"
+            for r in finished]
+
+
+def _rank_error(failures, pending, finished=()):
     blamed = _blame(failures)
     kind, text, tb = failures[blamed]
     lines = [f"rank {blamed} failed: {text}" if kind != "died" else f"rank {blamed} {text}"]
+    if kind == "symptom":
+        lines += _returned_early(finished, blamed)
     for r, (_, other, _) in failures.items():
         if r != blamed:
             lines.append(f"rank {r} also failed, probably as a consequence: {other.splitlines()[0][:300]}")
@@ -356,9 +366,14 @@ def _run_here(fn, world_size, args, backend, timeout, threads):
     backend = backend or default_backend(int(os.environ.get("LOCAL_WORLD_SIZE", size)))
     torch.set_num_threads(threads)  # as spawned ranks: a plain RANK=... start has no OMP_NUM_THREADS
     store = _launcher_store(rank, timeout)
-    # Each launch() in this process gets keys of its own: torchrun's store keeps the keys of
-    # earlier groups, and a new group that read them would try to connect to the old one.
-    run = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    # Each launch() in this process gets keys of its own: a store keeps the keys of earlier
+    # groups, and a new group that read them would try to connect to the old one. The agent's
+    # shared store also outlives a restart (torch 2.14.1: see dist_sgd.faults.restarts), so
+    # there the keys carry the attempt too. With TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 every
+    # round has a fresh store and needs no attempt in its keys, which is what elastic runs
+    # need: a node that joins later counts its restarts from 0.
+    shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    run = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") if shared else "-"
     store = dist.PrefixStore(f"dist_sgd/{run}/{store.add(f'dist_sgd/{run}/calls/{rank}', 1)}/", store)
     _init(rank, size, backend, timeout, store=dist.PrefixStore("group/", store))
     exiting = None
@@ -369,6 +384,12 @@ def _run_here(fn, world_size, args, backend, timeout, threads):
             if e.code not in (None, 0):
                 raise
             result, exiting = None, e
+        except Exception as e:
+            if _from_torch_distributed(e):  # a peer that returned already left its result here
+                done = [r for r in range(size) if r != rank and store.check([f"result/{r}"])]
+                for line in _returned_early(done, rank):
+                    print(f"[rank {rank}] {line}", file=sys.stderr, flush=True)
+            raise
         results = _meet(store, rank, size, result)
     finally:
         _leave_group()

@@ -30,10 +30,21 @@ replaced per node, and a command given as one string runs through `sh -c`. Outpu
 each line prefixed `[node i]`. The exit code is non-zero when a node fails, which is named.
 Everything made (namespaces, veth links, bridge, qdiscs, /etc/netns/<name>) is removed at the end,
 also after Ctrl-C, SIGTERM or a failing node; `--cleanup` removes what a SIGKILLed run left.
+A Ctrl-C (or SIGTERM) that lands while the cluster is being built, while a node's process is
+being started, or while it is being removed, takes effect right after that step (a namespace
+made is always recorded, a process started always tracked, a teardown never cut short); a
+second one in the same step acts at once.
+
+Nodes can come and go while a job runs, as machines do (lesson 17):
+
+    c.start(cmd)               # every node (or nodes=[...]); then c.wait(), c.stop()
+    c.remove_node(2)           # its link cut, every process in it SIGKILLed: the machine vanished
+    c.add_node(2, cmd)         # the link back up and cmd started there again: a node (re)joins
 Names carry the pid (dsgd<pid>n0, ...) and the subnet is derived from it, so runs never collide.
 Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2's `ip` and `tc`.
 """
 import argparse
+import contextlib
 import os
 import random
 import re
@@ -84,12 +95,14 @@ def privilege_problem():
         return (f"dist_sgd.scale.cluster needs iproute2's `ip` and `tc` and util-linux's `unshare`; "
                 f"missing: {', '.join(missing)}.")
     probe = f"{PREFIX}{os.getpid()}probe"
-    made = _sh("ip", "netns", "add", probe, check=False)
+    try:
+        made = _sh("ip", "netns", "add", probe, check=False)
+    finally:
+        _sh("ip", "netns", "del", probe, check=False)  # also when a Ctrl-C lands in between
     if made.returncode != 0:
         return ("dist_sgd.scale.cluster needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) to create network "
                 "namespaces: run it with sudo, or in a container started with --privileged "
                 f"(ip netns add said: {made.stderr.strip()}).")
-    _sh("ip", "netns", "del", probe, check=False)
     return None
 
 
@@ -160,6 +173,9 @@ class Cluster:
         self.master_port = random.randint(20000, 32000)
         self._made = []
         self._old_handlers = {}
+        self._shielded, self._pending = 0, None  # see _shield()
+        self._procs, self._readers, self._removed = {}, [], set()
+        self._lock, self._output = threading.Lock(), None
 
     @property
     def master_addr(self):
@@ -174,17 +190,37 @@ class Cluster:
         self.down()
 
     def up(self):
-        problem = privilege_problem()
-        if problem:
-            raise ClusterError(problem)
-        cleanup_stale()
-        self._catch_sigterm()
+        self._catch_signals()
         try:
-            self._build()
+            with self._shield():
+                problem = privilege_problem()
+                if problem:
+                    raise ClusterError(problem)
+                cleanup_stale()
+                self._build()
         except BaseException:
             self.down()
             raise
         return self
+
+    @contextlib.contextmanager
+    def _shield(self):
+        """A signal that arrives inside takes effect at the end: the window between making a
+        namespace (or starting a process) and recording it, or inside a teardown, is closed."""
+        self._shielded += 1
+        try:
+            yield
+        finally:
+            self._shielded -= 1
+            if not self._shielded and self._pending is not None:
+                pending, self._pending = self._pending, None
+                _raise_interrupt(pending, None)
+
+    def _on_signal(self, signum, frame):
+        if self._shielded and self._pending is None:
+            self._pending = signum  # acted on when the step in progress is done
+            return
+        _raise_interrupt(signum, frame)  # not in a step, or a second signal: at once
 
     def _build(self):
         for name in [self.switch] + self.netns:
@@ -225,22 +261,28 @@ class Cluster:
             "rate", f"{int(self.rate_bits)}bit", "burst", str(burst), "latency", "20ms")
 
     def down(self):
-        """Remove every namespace (with its links and qdiscs) and file this cluster made."""
-        for name in reversed(self._made):
-            _remove_netns(name)
-        self._made = []
-        self._restore_sigterm()
+        """Stop every node's processes, remove every namespace (with its links and qdiscs)
+        and file this cluster made."""
+        try:
+            with self._shield():
+                self.stop()
+                while self._made:
+                    _remove_netns(self._made[-1])
+                    self._made.pop()
+        finally:
+            self._restore_signals()
 
-    def _catch_sigterm(self):
+    def _catch_signals(self):
         # SIGTERM would end Python without running __exit__ (nothing removed): make it an
-        # exception instead, so the `with` block unwinds. Only the main thread may do this.
+        # exception instead, so the `with` block unwinds; SIGINT too, through _on_signal, so
+        # that neither cuts a step of building or removing in two. Main thread only.
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(sig) in (signal.SIG_DFL, None):
-                self._old_handlers[sig] = signal.signal(sig, _raise_interrupt)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler, None):
+                self._old_handlers[sig] = signal.signal(sig, self._on_signal)
 
-    def _restore_sigterm(self):
+    def _restore_signals(self):
         for sig, old in self._old_handlers.items():
             signal.signal(sig, old)
         self._old_handlers = {}
@@ -273,42 +315,68 @@ class Cluster:
         their peer gone), then are stopped. With check=True a failure raises ClusterError
         naming the node that failed first.
         """
-        output = output or sys.stdout
-        lock, procs, readers = threading.Lock(), [], []
         try:
-            for rank in range(self.n):
+            self.start(cmd, env=env, output=output)
+            codes = self.wait(timeout=timeout, grace=grace)
+        finally:
+            self.stop()
+        codes = [codes[r] for r in range(self.n)]
+        failed = [r for r in self.order if codes[r] != 0]
+        if failed and check:
+            raise ClusterError(_failure_message(codes, self.order), failed)
+        return codes
+
+    def start(self, cmd, nodes=None, env=None, output=None):
+        """Start `cmd` in each of `nodes` (default: all) and return; wait() collects them.
+        A node removed before is added back (its link up again)."""
+        self._output = output or self._output or sys.stdout
+        for rank in range(self.n) if nodes is None else nodes:
+            with self._shield():  # started means tracked: stop() will find it
+                if rank in self._removed:
+                    self._link(rank, "up")
                 proc = subprocess.Popen(
                     self.argv(rank, cmd), env=dict(os.environ, **(env or {}), **self.env(rank)),
                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                     start_new_session=True)  # its own process group: we stop it as a whole
-                procs.append(proc)
-                reader = threading.Thread(target=_stream, args=(proc.stdout, rank, output, lock),
-                                          daemon=True)
-                reader.start()
-                readers.append(reader)
-            codes, order = self._wait(procs, timeout, grace)
-        finally:
-            _stop(procs, self.netns)
-            for reader in readers:
-                reader.join(timeout=5)
-        self.order = order  # the order nodes ended in: the first failure is the likely cause
-        failed = [r for r in order if codes[r] != 0]
-        if failed and check:
-            raise ClusterError(_failure_message(codes, order), failed)
-        return codes
+                self._procs[rank] = proc
+                self._removed.discard(rank)
+            reader = threading.Thread(target=_stream, daemon=True,
+                                      args=(proc.stdout, rank, self._output, self._lock))
+            reader.start()
+            self._readers.append(reader)
 
-    def run_ranks(self, args, timeout=None, output=None):
-        """Run `python ARGS` once in every node as one rank of a job: what torchrun
-        --nproc-per-node 1 sets (RANK = the node's rank, WORLD_SIZE = nodes, one thread).
-        Inside, launch(fn, None, ...) joins the group; node 0's output comes back prefixed."""
-        return self.run(["env", "RANK=$NODE_RANK", "WORLD_SIZE=$NNODES", "OMP_NUM_THREADS=1",
-                         sys.executable, *args], timeout=timeout, output=output)
+    def remove_node(self, rank):
+        """Node `rank` vanishes, as a reclaimed or crashed machine does: its link is cut first
+        (nothing it sends gets out, so peers learn of it only by their own timeouts), then
+        every process in it is SIGKILLed. Its exit is expected: wait() does not count it."""
+        with self._shield():
+            self._removed.add(rank)
+            self._link(rank, "down")
+            proc = self._procs.get(rank)
+            if proc is not None:
+                _signal_group(proc, signal.SIGKILL)
+            _kill_inside(self.netns[rank])
 
-    def _wait(self, procs, timeout, grace):
-        start, deadline, order = time.monotonic(), None, []
-        codes = [None] * len(procs)
-        while None in codes:
-            for r, p in enumerate(procs):
+    def add_node(self, rank, cmd, env=None):
+        """Node `rank` (back, or for the first time) joins: its link up, `cmd` started there."""
+        self.start(cmd, nodes=[rank], env=env)
+
+    def _link(self, rank, state):
+        for ns, dev in ((self.switch, f"port{rank}"), (self.netns[rank], IFNAME)):
+            _sh("ip", "-n", ns, "link", "set", dev, state)
+
+    def wait(self, nodes=None, timeout=None, grace=3.0):
+        """Wait for the processes of `nodes` (default: every node started and not removed);
+        {node: exit code}. After a failure the others get `grace` seconds, then are stopped."""
+        nodes = [r for r in (nodes if nodes is not None else sorted(self._procs))
+                 if r not in self._removed]
+        start, deadline, order, codes = time.monotonic(), None, [], {r: None for r in nodes}
+        while None in codes.values():
+            for r in nodes:
+                p = self._procs[r]
+                if r in self._removed and codes[r] is None:
+                    codes[r] = "removed"
+                    order.append(r)
                 if codes[r] is None and p.poll() is not None:
                     codes[r] = p.returncode
                     order.append(r)
@@ -317,14 +385,30 @@ class Cluster:
             now = time.monotonic()
             if (deadline is not None and now > deadline) or (timeout and now - start > timeout):
                 why = "stopped after the timeout" if deadline is None else "stopped after a failure"
-                for r in range(len(procs)):
+                for r in nodes:
                     if codes[r] is None:
                         codes[r] = f"still running ({why})"
                         order.append(r)
                 break
             time.sleep(0.05)
-        return codes, order
+        self.order = order  # the order nodes ended in: the first failure is the likely cause
+        return {r: c for r, c in codes.items() if c != "removed"}
 
+    def stop(self):
+        """End every process started in the nodes (SIGTERM, then SIGKILL) and their output."""
+        with self._shield():
+            _stop(list(self._procs.values()), self.netns)
+            self._procs = {}
+        for reader in self._readers:
+            reader.join(timeout=5)
+        self._readers = []
+
+    def run_ranks(self, args, timeout=None, output=None):
+        """Run `python ARGS` once in every node as one rank of a job: what torchrun
+        --nproc-per-node 1 sets (RANK = the node's rank, WORLD_SIZE = nodes, one thread).
+        Inside, launch(fn, None, ...) joins the group; node 0's output comes back prefixed."""
+        return self.run(["env", "RANK=$NODE_RANK", "WORLD_SIZE=$NNODES", "OMP_NUM_THREADS=1",
+                         sys.executable, *args], timeout=timeout, output=output)
 
 class _Interrupted(KeyboardInterrupt):
     pass
@@ -358,11 +442,15 @@ def _stop(procs, netns):
     for p in procs:  # a process that left the group (e.g. a daemon) still sits in the netns
         _signal_group(p, signal.SIGKILL)
     for ns in netns:
-        for pid in _sh("ip", "netns", "pids", ns, check=False).stdout.split():
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
+        _kill_inside(ns)
+
+
+def _kill_inside(ns):
+    for pid in _sh("ip", "netns", "pids", ns, check=False).stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
 
 
 def _signal_group(proc, sig):
@@ -431,7 +519,7 @@ def main(argv=None):
         print(f"[cluster] {e}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt as e:
-        print(f"[cluster] {e or 'interrupted'}; every node stopped, namespaces removed",
+        print(f"[cluster] {str(e) or 'interrupted'}; every node stopped, namespaces removed",
               file=sys.stderr, flush=True)
         return 130
     order = cluster.order

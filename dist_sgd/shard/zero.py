@@ -13,6 +13,9 @@ bytes, with 4-byte params and grads and K bytes of optimizer state (Adam in floa
     loss.backward()
     opt.step()              # gradients -> this rank's shard updated -> parameters shared
 
+    opt.consolidate_state_dict(to=0)        # every rank (a collective), as torch's ZeRO
+    if rank == 0: torch.save(opt.state_dict(), path)   # the plain optimizer's layout
+
 Two communication schemes (scheme=...), N = the bytes of all gradients:
   "broadcast"  (torch's ZeroRedundancyOptimizer): all-reduce every gradient (each rank sends
       2(p-1)/p N), step the own shard, then each rank broadcasts its updated parameters
@@ -84,15 +87,17 @@ def wire_bytes(collective, nbytes, world_size):
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
-    """optimizer_cls(**kwargs) over this rank's shard; step() shares the result.
+    """optimizer_class(**kwargs) over this rank's shard; step() shares the result.
 
     A torch.optim.Optimizer itself (LR schedulers accept it): param_groups hold every
     parameter and the options; the wrapped optimizer (.optim) holds this rank's parameters
-    only, and .state is its state. state_dict() is consolidated (all ranks must call it) and
-    has the plain optimizer's layout, so it loads into optimizer_cls(params) and back.
+    only, and .state is its state. Saving is torch's ZeroRedundancyOptimizer idiom: every rank
+    calls consolidate_state_dict(to=r) (a collective), then state_dict() on rank r returns the
+    plain optimizer's layout, which loads into optimizer_class(params) and back, and into a
+    ShardedOptimizer at any world size (load_state_dict keeps this rank's shard of it).
     """
 
-    def __init__(self, params, optimizer_cls, scheme="broadcast", collectives="torch",
+    def __init__(self, params, optimizer_class, scheme="broadcast", collectives="torch",
                  reduce_gradients=True, **kwargs):
         if scheme not in SCHEMES:
             raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
@@ -105,7 +110,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         super().__init__(params, dict(kwargs))
         self.owners, self.loads = partition(self._sizes(self.param_groups), self.world_size)
         local = [self._local_group(g, o) for g, o in zip(self.param_groups, self.owners)]
-        self.optim = optimizer_cls(local, **kwargs)
+        self.optim = optimizer_class(local, **kwargs)
+        self._consolidated = None  # (rank it was gathered to, state_dict): see state_dict()
         self._copy_options_back()
         self.state = self.optim.state  # this rank's shard only: the point of ZeRO
 
@@ -129,6 +135,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
         if self.optim is None:
             return  # still in __init__: the whole list is sharded there
+        self._consolidated = None
         owners, self.loads = partition(self._sizes(self.param_groups[-1:]), self.world_size, self.loads)
         self.owners += owners
         self.optim.add_param_group(self._local_group(self.param_groups[-1], owners[0]))
@@ -155,7 +162,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for group, local in zip(self.param_groups, self.optim.param_groups):
             # An LR scheduler changed our param_groups: the wrapped optimizer must see it.
             local.update({k: v for k, v in group.items() if k != "params"})
-        self.comm_log = []
+        self.comm_log, self._consolidated = [], None  # a consolidated copy is stale now
         shards = [self.shard(r) for r in range(self.world_size)]
         if not any(shards):
             return loss  # nothing trainable: nothing to update or share
@@ -238,23 +245,49 @@ class ShardedOptimizer(torch.optim.Optimizer):
         params = [p for g in self.param_groups for p in g["params"]]
         return {id(p): i for i, p in enumerate(params)}
 
-    def state_dict(self):
-        """The plain optimizer's state_dict, assembled from every rank's shard (collective).
+    def consolidate_state_dict(self, to=0):
+        """Gather every rank's shard of the state on rank `to` (a collective: every rank calls
+        it), so that state_dict() there returns the whole state. torch's name and semantics."""
+        _check_rank(to, self.world_size)
+        part, groups = self._local_state()
+        parts = [None] * self.world_size if self.rank == to else None
+        dist.gather_object(part, parts, dst=to)  # rare and small next to training: torch's is fine
+        if self.rank == to:
+            state = dict(sorted(((k, v) for p in parts for k, v in p.items()), key=lambda kv: kv[0]))
+            self._consolidated = (to, {"state": state, "param_groups": groups})
+        else:
+            self._consolidated = (to, None)
 
-        State tensors come back on the CPU, as a checkpoint would hold them; load_state_dict
-        moves them to the parameters' device.
+    def state_dict(self):
+        """The plain optimizer's state_dict, on the rank consolidate_state_dict(to=r) gathered
+        it to, until the next step(). State tensors come back on the CPU, as a checkpoint
+        holds them; load_state_dict moves them to the parameters' device.
+
+        Without consolidating first it raises at once, on any rank (as torch's does): the
+        state is spread over the ranks, and gathering it here would be a collective that
+        the usual `if rank == 0: save(opt.state_dict())` calls on one rank only, a hang.
         """
+        if self._consolidated is None or self._consolidated[1] is None:
+            where = ("" if self._consolidated is None else
+                     f" (it was consolidated to rank {self._consolidated[0]}, this is rank "
+                     f"{self.rank})")
+            raise RuntimeError(
+                "ShardedOptimizer.state_dict(): each rank holds only its shard of the state"
+                f"{where}; call opt.consolidate_state_dict(to=0) on every rank first, then "
+                "opt.state_dict() on rank 0 (torch's ZeroRedundancyOptimizer idiom); the "
+                "consolidated copy lasts until the next step()")
+        return self._consolidated[1]
+
+    def _local_state(self):
+        """This rank's state entries under their plain-layout positions, and param_groups."""
         index, local = self._global_index(), self.optim.state_dict()
         mine = [p for g in self.optim.param_groups for p in g["params"]]
         part = {index[id(p)]: {k: v.cpu() if torch.is_tensor(v) else v
                                for k, v in local["state"][i].items()}
                 for i, p in enumerate(mine) if i in local["state"]}
-        parts = [None] * self.world_size
-        dist.all_gather_object(parts, part)  # rare and small next to training: torch's is fine
-        state = dict(sorted(((k, v) for part in parts for k, v in part.items()), key=lambda kv: kv[0]))
         groups = [{**{k: v for k, v in g.items() if k != "params"},
                    "params": [index[id(p)] for p in g["params"]]} for g in self.param_groups]
-        return {"state": state, "param_groups": groups}
+        return part, groups
 
     def load_state_dict(self, state_dict):
         """Load a consolidated (plain optimizer's) state_dict: each rank keeps its shard's."""
@@ -279,3 +312,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             local_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": ids})
         self.optim.load_state_dict({"state": local_state, "param_groups": local_groups})
         self.state = self.optim.state
+        self._consolidated = None
+
+
+def _check_rank(to, world_size):
+    if isinstance(to, bool) or not isinstance(to, int) or not 0 <= to < world_size:
+        raise ValueError(f"to must be a rank in 0..{world_size - 1}, got {to!r}")

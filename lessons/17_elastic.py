@@ -1,0 +1,207 @@
+"""Lesson 17: elastic training - a node is lost and the job goes on smaller; it comes back, and
+the job grows again.
+
+Lesson 14 survived a dead worker by restarting the same group. Real clusters lose whole
+machines (a spot instance reclaimed, a host rebooted) and get them back later. torchrun's
+elastic mode handles both: with `--nnodes 2:3` the job runs on 2 or 3 nodes, and a c10d
+rendezvous (a key-value store that one node's torchrun hosts) decides who is in. When a node
+vanishes, the survivors' next collective times out, their workers fail, torchrun stops them
+(a restart, counted against --max-restarts) and the agents meet again without it. When a node
+joins, the running agents see it waiting, stop their workers (not counted) and meet again with
+it. Either way every worker starts afresh, so training goes on from the latest checkpoint, at
+another world size.
+
+So the checkpoint must not depend on the world size (dist_sgd/faults/checkpoint.py): model and
+optimizer saved whole, the data position as global items consumed, and the global batch fixed
+at 60: every rank takes every world_size-th item of the same global batch (20 each on 3 nodes,
+30 on 2) and scales its summed loss by world_size / 60, so that the averaged gradient is the
+global batch's mean at any size. The steps are the same; only the float32 sums are split
+another way (60 terms in 3 partial sums, or in 2), which rounds differently: the final weights
+equal an uninterrupted run's within float32 rounding (grown a little by training), never bit
+for bit. No dropout here: a mask drawn per rank would depend on the split.
+
+The lesson builds 4 emulated nodes (lesson 11's network namespaces, 100 Mbit/s links): nodes
+0-2 train, node 3 can host a store. In one run you watch:
+  1. node 2 is removed mid-run (its link cut, then every process SIGKILLed: a machine that
+     vanished): the job continues on 2 nodes; node 2 comes back: the job grows to 3 again;
+  2. node 0, whose torchrun hosts the rendezvous store, is removed: the store goes with it, and
+     every other node's torchrun fails: the job is over;
+  3. the remedy: the store on a host that does not train (node 3 here; etcd or a small store
+     service on a real cluster): now node 0 is lost like any other node, and the job goes on.
+For each change it prints what it cost. torchrun's timeouts are shortened (detection of a dead
+node 15 s -> 3 s, last call 30 s -> 1 s; see dist_sgd/faults/elastic.py) and the collectives
+time out after 10 s: real jobs keep longer ones. Without root (no namespaces) the lesson runs
+the arithmetic alone on this machine, 3 ranks, then 2, then 3, through checkpoints, and shows
+the numbers recorded in figures/elastic.csv.
+
+Run:
+    sudo python lessons/17_elastic.py
+    sudo python lessons/17_elastic.py --quick
+    # what each node runs (the lesson prints it with its own values):
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes 2:3 --nproc-per-node 1 \\
+        --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint node0:29400 --rdzv-id elastic \\
+        lessons/17_elastic.py --checkpoint-dir /shared/ckpt
+
+Exercises:
+  1. Remove node 1 instead of node 2: which node hosts rank 0 afterwards, and does it matter?
+  2. Set --checkpoint-every 50: how many steps does each change repeat now?
+  3. Give the collectives a 60 s timeout (the launch call in main): what does removing a node
+     cost then, and which part of the cost grew?
+"""
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+from dist_sgd.faults.chaos import read_step, write_step
+from dist_sgd.faults.checkpoint import load_checkpoint, save_checkpoint
+from dist_sgd.faults.elastic import Watch, membership_change, shown, torchrun_elastic
+from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.plumbing.figures import machine_facts, read_csv, write_csv
+from dist_sgd.plumbing.launch import launch, lesson_parser
+from dist_sgd.plumbing.rank import log, under_torchrun
+from dist_sgd.scale.cluster import Cluster, ours, privilege_problem
+from dist_sgd.sgd.data import get_dataset
+from dist_sgd.sgd.models import MLP
+from dist_sgd.sgd.optim import SGD
+from dist_sgd.sgd.sync import average_gradients
+
+GLOBAL_BATCH, SEED, LR, PORT, TIMEOUT = 60, 17, 0.05, 29400, 10.0
+ROUNDING = 1e-4  # float32 sums split another way, through a few hundred steps (see docstring)
+
+
+def batch(step, n, rank, world_size):
+    """Step `step`'s global batch (the same at every world size) and this rank's share of it."""
+    epoch, k = divmod(step, n // GLOBAL_BATCH)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(SEED + epoch))
+    return order[k * GLOBAL_BATCH:(k + 1) * GLOBAL_BATCH][rank::world_size]
+
+
+def run(rank, world_size, args):
+    """Train up to step args.stop from the latest checkpoint, whatever world size saved it."""
+    images, labels = get_dataset(args.data, quiet=True).tensors
+    torch.manual_seed(SEED)
+    model = MLP(hidden=args.hidden)
+    opt = SGD(model.parameters(), lr=LR, momentum=0.9)
+    start = time.perf_counter()
+    state = load_checkpoint(args.checkpoint_dir, model, opt)
+    step = state["step"] if state else 0
+    log(f"world size {world_size}: " + (f"{state['resumed']} (reload "
+        f"{time.perf_counter() - start:.2f} s)" if state else "starting at step 0"))
+    while step < args.stop:
+        idx = batch(step, len(images), rank, world_size)
+        opt.zero_grad()
+        loss = F.nll_loss(model(images[idx]), labels[idx], reduction="sum")
+        (loss * world_size / GLOBAL_BATCH).backward()  # averaged: the global batch's mean
+        average_gradients(model, flat=True)
+        opt.step()
+        step += 1
+        write_step(os.path.join(args.checkpoint_dir, "progress"), step)  # for the story
+        if step % args.checkpoint_every == 0 or step == args.stop:
+            save_checkpoint(args.checkpoint_dir, step, model, opt, items=step * GLOBAL_BATCH)
+            log(f"step {step} at world size {world_size}")
+
+
+def final_weights(args, folder):
+    load_checkpoint(folder, model := MLP(hidden=args.hidden), restore_rng=False)
+    return list(model.parameters())
+
+
+def on_the_cluster(args, tmp):
+    """The three acts on world_size training nodes and one more that can host a store."""
+    p, rows = args.world_size, []
+    acts = [(f"node {p - 1} lost, then back", "node0"), ("node 0, the store's host, lost",
+            "node0"), (f"node 0 lost, the store on node {p}", f"node{p}")][:1 if args.quick else 3]
+    with Cluster(p + 1, rate=args.rate) as c:
+        watch = Watch(echo=r"world size \d+: |step \d*[05]0 |RendezvousConnectionError")
+        for number, (title, endpoint) in enumerate(acts, 1):
+            folder = os.path.join(tmp, f"act{number}")
+            cmd = torchrun_elastic([__file__, "--steps", str(args.steps), "--checkpoint-dir",
+                                    folder, "--checkpoint-every", str(args.checkpoint_every),
+                                    "--hidden", str(args.hidden)], f"{endpoint}:{PORT}", f"{p - 1}:{p}")
+            log(f"\n{number}. {title}; each training node runs:\n   $ {shown(cmd)}")
+            if endpoint != "node0":  # the store on a node of its own, as etcd would be
+                c.start([sys.executable, "-m", "dist_sgd.faults.elastic", "--store", str(PORT)],
+                        nodes=[p], output=watch)
+            t0, progress = time.monotonic(), os.path.join(folder, "progress")
+            c.start(cmd, nodes=range(p), output=watch)
+            every, lost = 2 * args.checkpoint_every, p - 1 if number == 1 else 0
+            watch.wait_for(rf"step (\d+) at world size {p}", t0, until=lambda m: int(m[1]) >= every)
+            log(f"[story] node {lost} removed after step {read_step(progress)}")
+            rows.append(membership_change(c, watch, lost, progress, size=None if number == 2 else p - 1))
+            if number == 1:  # a while on fewer nodes, then the lost node comes back
+                watch.wait_for(rf"step (\d+) at world size {p - 1}", rows[-1]["at"],
+                               until=lambda m: int(m[1]) >= rows[-1]["resumed"] + every)
+                log(f"[story] node {lost} added after step {read_step(progress)}")
+                rows.append(membership_change(c, watch, lost, progress, cmd=cmd, size=p))
+            codes = c.wait(nodes=[n for n in range(p) if n != lost or number == 1], timeout=300)
+            rows[-1].update(exit=" ".join(f"node {n}: {code}" for n, code in codes.items()), distance="")
+            if number == 2:
+                rows[-1].update(seconds=round(time.monotonic() - rows[-1]["at"], 1))
+            else:
+                rows[-1].update(distance=max_diff(final_weights(args, folder), args.reference))
+                log(check(f"final weights ({title}) vs the uninterrupted run at {p}",
+                          rows[-1]["distance"], ROUNDING))
+            c.stop()
+    log(f"namespaces left behind: {len(set(ours()) & set(c.netns + [c.switch]))}")
+    return rows
+
+
+def report(rows):
+    log(f"\nWhat each change cost (the collectives time out after {TIMEOUT:g} s: the part of a "
+        "removal spent noticing it):")
+    for r in rows:
+        if r["resumed"] != "":
+            log(f"   {r['change']} after step {r['after_step']}: resumed from step {r['resumed']} "
+                f"at world size {r['world_size']}, {r['repeated']} steps repeated, {r['seconds']} s"
+                f" from the change to the resumed step, {r['reload_s']} s of it reloading")
+        else:
+            log(f"   {r['change']} after step {r['after_step']}: the job ended {r['seconds']} s "
+                f"later, no node left to host the rendezvous ({r['exit']})")
+
+
+def without_a_cluster(args, tmp, why):
+    log(f"No cluster here: {why}\nThe same arithmetic on this machine: 3 ranks, then 2, then 3")
+    args.checkpoint_dir = os.path.join(tmp, "local")
+    for size, stop in ((3, args.steps // 3), (2, 2 * args.steps // 3), (3, args.steps)):
+        args.stop = stop
+        launch(run, size, args)
+    log(check("final weights (3, 2, 3 ranks) vs the uninterrupted run at 3", max_diff(
+        final_weights(args, args.checkpoint_dir), args.reference), ROUNDING))
+    rows, facts = read_csv("elastic")
+    log(f"\nRecorded on the emulated nodes ({facts}):")
+    report(rows)
+
+
+def main():
+    parser = lesson_parser(__doc__, world_size=3, save_figures=True)
+    parser.add_argument("--steps", type=int, help="steps to train (default 400; --quick: 150)")
+    parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between them")
+    parser.add_argument("--hidden", type=int, default=256, help="MLP width (gradient bytes)")
+    parser.add_argument("--rate", default="100mbit", help="each link's speed")
+    parser.add_argument("--checkpoint-dir", help="train once, resuming from DIR's latest")
+    args = parser.parse_args()
+    args.steps = args.stop = args.steps or (150 if args.quick else 400)
+    args.data = get_dataset("auto", quiet=bool(args.checkpoint_dir)).name
+    if args.checkpoint_dir or under_torchrun():  # one elastic training run, in a node
+        return launch(run, None, args, timeout=TIMEOUT)
+    with tempfile.TemporaryDirectory() as tmp:
+        args.checkpoint_dir, every = os.path.join(tmp, "reference"), args.checkpoint_every
+        log(f"0. the reference: {args.steps} steps at world size {args.world_size}, uninterrupted")
+        args.checkpoint_every = args.steps  # one checkpoint, at the end
+        launch(run, args.world_size, args)
+        args.reference, args.checkpoint_every = final_weights(args, args.checkpoint_dir), every
+        if why := privilege_problem():
+            return without_a_cluster(args, tmp, why)
+        rows = on_the_cluster(args, tmp)
+    report(rows)
+    if args.save_figures:
+        write_csv("elastic", [{k: v for k, v in r.items() if k != "at"} for r in rows],
+                  facts=f"{machine_facts()}, links {args.rate}")
+
+
+if __name__ == "__main__":
+    main()
