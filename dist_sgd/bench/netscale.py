@@ -10,11 +10,11 @@ link-bound for big messages. For each node count p a fresh cluster runs, in ever
 
   1. checks every all-reduce (gloo's and our naive, tree, ring, halving-doubling) against the
      single-machine sum, at an odd size (uneven chunks);
-  2. plays ping-pong between nodes 0 and 1 (1 KiB - 4 MiB);
+  2. plays ping-pong between nodes 0 and 1 (1 KiB - 16 MiB with 2 nodes, a few sizes else);
   3. times the five all-reduces at 1 KiB - 16 MiB, alternated at each size (medians).
 
-Then one alpha-beta line is fitted to the ping-pong of every cluster together (the links are
-the same; the all-reduces it predicts never enter the fit) and predicts every measured point
+Then one alpha-beta line is fitted once, to the 2-node ping-pong (every cluster's links are
+alike; the all-reduces it predicts never enter the fit), and predicts every measured point
 with the algorithm's coefficients (dist_sgd.scale.costmodel; gloo's all-reduce is a ring).
 Capped to keep the run under 20 minutes: naive at 8 and 16 nodes stops at 4 MiB (one 16 MiB
 sample would take 20 and 40 s; its 1-4 MiB points already test its line).
@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from dist_sgd.bench import common, nodes
 from dist_sgd.plumbing.timing import summarize, time_alternating
-from dist_sgd.scale import cluster, costmodel
+from dist_sgd.scale import costmodel
 
 NAME = "netscale"
 KiB, MiB = 2 ** 10, 2 ** 20
@@ -38,10 +38,13 @@ CAPS = {("naive", 8): 4 * MiB, ("naive", 16): 4 * MiB}  # the largest size timed
 
 def settings(quick):
     if quick:
-        return {"nodes": (2, 4), "sizes": (4 * KiB, 64 * KiB, 1 * MiB), "pp": (KiB, MiB, 2 * MiB),
+        return {"nodes": (2, 4), "sizes": (4 * KiB, 64 * KiB, 1 * MiB),
+                "pp": {2: (KiB, 4 * KiB, 2 * MiB, 4 * MiB), "other": (KiB, MiB)},
                 "repeats": lambda n: 2}
     return {"nodes": (2, 4, 8, 16), "sizes": tuple(4 ** k * KiB for k in range(8)),
-            "pp": tuple(4 ** k * KiB for k in range(7)),  # 1 KiB .. 4 MiB
+            # the fit's ping-pong in the 2-node cluster, 1 KiB .. 16 MiB; elsewhere a check
+            # that the links are the same
+            "pp": {2: tuple(4 ** k * KiB for k in range(8)), "other": (KiB, 64 * KiB, MiB)},
             "repeats": lambda n: 9 if n <= 256 * KiB else (5 if n <= 4 * MiB else 3)}
 
 
@@ -72,7 +75,8 @@ def _node_work(rank, world_size, quick):
         t = inputs[rank].clone()
         fn(t)
         diffs[name] = max_diff(t, expected)
-    out = {"nodes": world_size, "diffs": diffs, "ping-pong": ping_pong(list(s["pp"]), 7)}
+    sizes = s["pp"].get(world_size, s["pp"].get("other", ()))
+    out = {"nodes": world_size, "diffs": diffs, "ping-pong": ping_pong(list(sizes), 5)}
     out["all-reduce"] = {}
     for n in s["sizes"]:
         buffers = {name: torch.ones(n // 4) for name in ALGORITHMS if timed(name, n, world_size)}
@@ -128,21 +132,13 @@ def measure(quick=False):
 
 
 def fit_rows(rows):
-    """The ping-pong medians the line goes through: <= 4 KiB (alpha) and >= 1 MiB (beta).
-    Between them tbf's bucket lets a message leave at memory speed (64 KiB: 3x the link's
-    rate), a shaper's artefact no real link has; from 1 MiB on it is worth <= 5%."""
-    return [r for r in rows if r["part"] == "ping-pong" and (r["bytes"] <= 4 * KiB
-                                                           or r["bytes"] >= MiB)]
+    """The ping-pong rows the model is fitted to: the 2-node cluster's (nodes.fit_alpha_beta
+    keeps <= 4 KiB and >= 4 MiB of them)."""
+    return [r for r in rows if r["part"] == "ping-pong" and r["nodes"] == 2]
 
 
 def fit(rows):
-    """(alpha, beta) of one line through fit_rows (relative error: every size counts alike)."""
-    pp = fit_rows(rows)
-    return costmodel.fit_alpha_beta([r["bytes"] for r in pp], [r["seconds"] for r in pp])
-
-
-def link_rate():
-    return cluster.parse_rate(nodes.RATE) / 8  # bytes/s
+    return nodes.fit_alpha_beta(fit_rows(rows))
 
 
 def _table(rows):
@@ -151,7 +147,7 @@ def _table(rows):
 
 def summary(rows):
     """The numbers the figure stands for: {name: value}, computed from the rows alone."""
-    ar, rate = _table(rows), link_rate()
+    ar, rate = _table(rows), nodes.link_rate()
     ps = sorted({p for _, p, _ in ar})
     big = [k for k in ar if k[2] >= MiB]
     bus = {a: min(costmodel.bus_bandwidth(n, p, ar[a, p, n]["seconds"]) / rate
@@ -170,8 +166,8 @@ def summary(rows):
 
 def report(rows):
     alpha, beta = fit(rows)
-    rate, pp = link_rate(), [r for r in rows if r["part"] == "ping-pong"]
-    print(f"ping-pong ({len(fit_rows(rows))} of {len(pp)} medians, every cluster): alpha = {alpha * 1e6:.0f} us, "
+    rate, pp = nodes.link_rate(), [r for r in rows if r["part"] == "ping-pong"]
+    print(f"ping-pong, 2 nodes (<= 4 KiB, >= 4 MiB): alpha = {alpha * 1e6:.0f} us, "
           f"1/beta = {8 / beta / 1e6:.1f} Mbit/s = {1 / beta / rate:.1%} of the link's rate "
           f"(TCP's ceiling: {nodes.link_goodput(rate * 8) / rate:.1%})")
     ar = _table(rows)
@@ -208,7 +204,7 @@ def draw():
     from dist_sgd.bench import plots  # matplotlib: only where we draw
 
     alpha, beta = fit(rows)
-    ar, rate = _table(rows), link_rate()
+    ar, rate = _table(rows), nodes.link_rate()
     sizes = sorted({n for _, _, n in ar})
     fig, axes = plots.figure(3, (len(sizes) + 3) // 3, width=4.6, height=3.7)
     panels = [ax for row in axes for ax in row]
