@@ -124,7 +124,8 @@ def _nettrain_rows():
     rows = [{"part": "ping-pong", "nodes": 2, "name": "one way", "bytes": n,
              "seconds": ALPHA + BETA * n, "min": 0, "max": 0, "batch": "", "detail": ""}
             for n in nodes.PING_PONG]
-    grads, buckets, psgd = [4000, 400_000, 4_400_000, 5120], [1_100_000, 3_709_120], [360, 80_000, 70_000]
+    grads, buckets = [4000, 400_000, 4_400_000, 5120], [1_100_000, 3_709_120]
+    psgd = [360, 80_000, 70_000]
     for p in (1, 2, 4, 8):
         parts = {"compute": 0.040 * (1 + p / 4), "forward": 0.010 * (1 + p / 4),
                  "compute + PowerSGD arithmetic": 0.050 * (1 + p / 4)}
@@ -190,7 +191,8 @@ def test_nettrain_report_and_figure(figures, capsys):
 
 def _curves():
     acc = {"synchronous DDP": [0.70, 0.79, 0.81, 0.84], "PowerSGD": [0.65, 0.78, 0.80, 0.83],
-           "local SGD (H = 8)": [0.70, 0.80, 0.82, 0.835], "DiLoCo (H = 32)": [0.6, 0.7, 0.75, 0.78]}
+           "local SGD (H = 8)": [0.70, 0.80, 0.82, 0.835],
+           "DiLoCo (H = 32)": [0.6, 0.7, 0.75, 0.78]}
     per_step = {"synchronous DDP": (0.12, 100e3), "PowerSGD": (0.03, 10e3),
                 "local SGD (H = 8)": (0.02, 12e3), "DiLoCo (H = 32)": (0.015, 3e3)}
     return {m: [{"step": 72 * (i + 1), "seconds": 72 * (i + 1) * per_step[m][0],
@@ -201,7 +203,8 @@ def _curves():
 def test_netaccuracy_time_and_bytes_to_the_target_are_the_first_crossing():
     s = netaccuracy.summary(netaccuracy.rows_of(_curves()))
     assert netaccuracy.TARGET == 0.80
-    assert s["synchronous DDP"]["step"] == 216 and s["synchronous DDP"]["seconds"] == pytest.approx(216 * 0.12)
+    assert s["synchronous DDP"]["step"] == 216
+    assert s["synchronous DDP"]["seconds"] == pytest.approx(216 * 0.12)
     assert s["PowerSGD"]["bytes"] == pytest.approx(216 * 10e3)
     assert s["local SGD (H = 8)"]["step"] == 144  # 0.80 counts: >= the target
     assert s["DiLoCo (H = 32)"]["seconds"] is None and s["DiLoCo (H = 32)"]["final"] == 0.78

@@ -181,7 +181,8 @@ def report(rows):
         if r["seconds"] is not None and sync["seconds"] is not None and method != METHODS[0]:
             print(f"  {method:18s} {sync['seconds'] / r['seconds']:.1f}x faster to the target "
                   f"with {sync['bytes'] / max(r['bytes'], 1):.0f}x fewer bytes than synchronous")
-    print(f"  left behind after the run: {[r for r in rows if r['part'] == 'left behind'][0]['method']}")
+    left = [r for r in rows if r["part"] == "left behind"][0]["method"]
+    print(f"  left behind after the run: {left}")
 
 
 def draw():

@@ -10,7 +10,7 @@ link-bound for big messages. For each node count p a fresh cluster runs, in ever
 
   1. checks every all-reduce (gloo's and our naive, tree, ring, halving-doubling) against the
      single-machine sum, at an odd size (uneven chunks);
-  2. plays ping-pong between nodes 0 and 1 (1 KiB - 16 MiB with 2 nodes, a few sizes else);
+  2. plays ping-pong between nodes 0 and 1 (64 B - 16 MiB with 2 nodes, a few sizes else);
   3. times the five all-reduces at 1 KiB - 16 MiB, alternated at each size (medians).
 
 Then one alpha-beta line is fitted once, to the 2-node ping-pong (every cluster's links are
@@ -39,12 +39,12 @@ CAPS = {("naive", 8): 4 * MiB, ("naive", 16): 4 * MiB}  # the largest size timed
 def settings(quick):
     if quick:
         return {"nodes": (2, 4), "sizes": (4 * KiB, 64 * KiB, 1 * MiB),
-                "pp": {2: (KiB, 4 * KiB, 2 * MiB, 4 * MiB), "other": (KiB, MiB)},
+                "pp": {2: (64, KiB, 4 * MiB), "other": (KiB, MiB)},
                 "repeats": lambda n: 2}
     return {"nodes": (2, 4, 8, 16), "sizes": tuple(4 ** k * KiB for k in range(8)),
             # the fit's ping-pong in the 2-node cluster, 1 KiB .. 16 MiB; elsewhere a check
             # that the links are the same
-            "pp": {2: tuple(4 ** k * KiB for k in range(8)), "other": (KiB, 64 * KiB, MiB)},
+            "pp": {2: (64,) + tuple(4 ** k * KiB for k in range(8)), "other": (KiB, 64 * KiB, MiB)},
             "repeats": lambda n: 9 if n <= 256 * KiB else (5 if n <= 4 * MiB else 3)}
 
 
@@ -133,7 +133,7 @@ def measure(quick=False):
 
 def fit_rows(rows):
     """The ping-pong rows the model is fitted to: the 2-node cluster's (nodes.fit_alpha_beta
-    keeps <= 4 KiB and >= 4 MiB of them)."""
+    keeps <= 1 KiB and >= 4 MiB of them)."""
     return [r for r in rows if r["part"] == "ping-pong" and r["nodes"] == 2]
 
 
@@ -159,15 +159,15 @@ def summary(rows):
     crossover = {}
     for p in ps:  # the sizes at which the tree beat the ring, measured and in the model
         sizes = sorted(n for a, q, n in ar if a == "tree" and q == p and ("ring", p, n) in ar)
-        crossover[p] = ([n for n in sizes if ar["tree", p, n]["seconds"] < ar["ring", p, n]["seconds"]],
-                        [n for n in sizes if ar["tree", p, n]["model"] < ar["ring", p, n]["model"]])
+        crossover[p] = tuple([n for n in sizes if ar["tree", p, n][k] < ar["ring", p, n][k]]
+                             for k in ("seconds", "model"))
     return {"bus": bus, "ring/gloo": ratio, "error": error, "crossover": crossover}
 
 
 def report(rows):
     alpha, beta = fit(rows)
     rate, pp = nodes.link_rate(), [r for r in rows if r["part"] == "ping-pong"]
-    print(f"ping-pong, 2 nodes (<= 4 KiB, >= 4 MiB): alpha = {alpha * 1e6:.0f} us, "
+    print(f"ping-pong, 2 nodes (<= 1 KiB, >= 4 MiB): alpha = {alpha * 1e6:.0f} us, "
           f"1/beta = {8 / beta / 1e6:.1f} Mbit/s = {1 / beta / rate:.1%} of the link's rate "
           f"(TCP's ceiling: {nodes.link_goodput(rate * 8) / rate:.1%})")
     ar = _table(rows)
@@ -192,7 +192,8 @@ def report(rows):
         show = lambda ns: ", ".join(costmodel.human_bytes(n) for n in ns) or "none"  # noqa: E731
         print(f"  tree faster than ring at {p:2d} nodes: measured {show(measured)}; "
               f"model {show(model)}")
-    print(f"  left behind after the runs: {[r for r in rows if r['part'] == 'left behind'][0]['algorithm']}")
+    left = [r for r in rows if r["part"] == "left behind"][0]["algorithm"]
+    print(f"  left behind after the runs: {left}")
 
 
 def draw():
@@ -226,7 +227,8 @@ def draw():
     ax.legend(fontsize=6.5)
     for ax, n in zip(panels[1:], sizes):
         for a in ALGORITHMS:
-            pts = sorted((v for k, v in ar.items() if k[0] == a and k[2] == n), key=lambda r: r["nodes"])
+            pts = sorted((v for k, v in ar.items() if k[0] == a and k[2] == n),
+                         key=lambda r: r["nodes"])
             if not pts:
                 continue
             x = [r["nodes"] for r in pts]

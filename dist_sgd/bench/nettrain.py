@@ -258,7 +258,8 @@ def report(rows):
     for name in STRATEGIES:
         e = max(abs(t[name, p]["model"] / t[name, p]["seconds"] - 1) for p in ps)
         print(f"  {name:24s} worst {e:5.1%}")
-    print(f"left behind after the runs: {[r for r in rows if r['part'] == 'left behind'][0]['name']}")
+    left = [r for r in rows if r["part"] == "left behind"][0]["name"]
+    print(f"left behind after the runs: {left}")
 
 
 def draw():

@@ -32,18 +32,18 @@ def host_links():
     return sorted(line.split(":")[1].strip() for line in out.splitlines() if ":" in line)
 
 
-PING_PONG = (2 ** 10, 4 * 2 ** 10, 4 * 2 ** 20, 16 * 2 ** 20)  # the sizes fit_alpha_beta needs
+PING_PONG = (64, 2 ** 10, 4 * 2 ** 20, 16 * 2 ** 20)  # the sizes fit_alpha_beta needs
 
 
 def fit_alpha_beta(rows):
-    """(alpha, beta) of one line through the ping-pong medians of <= 4 KiB (alpha) and >= 4 MiB
+    """(alpha, beta) of one line through the ping-pong medians of <= 1 KiB (alpha) and >= 4 MiB
     (beta); rows: dicts with "bytes" and "seconds". After any pause tbf's bucket lets a
-    message's first 70 KB leave at memory speed: 64 KiB then crosses at 3x the link's rate and
-    1 MiB 7% faster than it, an artefact no real link has and a busy all-reduce never sees;
-    at 4 MiB it is worth 2%, at 16 MiB 0.4%."""
+    message's first 70 KB leave at memory speed: a 4 KiB message then skips its 0.3 ms on the
+    wire, 64 KiB crosses at 3x the link's rate and 1 MiB 7% faster than it, an artefact no
+    real link has and a busy all-reduce never sees; at 4 MiB it is worth 2%, at 16 MiB 0.4%."""
     from dist_sgd.scale import costmodel
 
-    use = [r for r in rows if r["bytes"] <= 4 * 2 ** 10 or r["bytes"] >= 4 * 2 ** 20]
+    use = [r for r in rows if r["bytes"] <= 2 ** 10 or r["bytes"] >= 4 * 2 ** 20]
     return costmodel.fit_alpha_beta([r["bytes"] for r in use], [r["seconds"] for r in use])
 
 
