@@ -192,9 +192,9 @@ def test_nettrain_report_and_figure(figures, capsys):
 def _curves():
     acc = {"synchronous DDP": [0.70, 0.79, 0.81, 0.84], "PowerSGD": [0.65, 0.78, 0.80, 0.83],
            "local SGD (H = 8)": [0.70, 0.80, 0.82, 0.835],
-           "DiLoCo (H = 32)": [0.6, 0.7, 0.75, 0.78]}
+           "DiLoCo (H = 24)": [0.6, 0.7, 0.75, 0.78]}
     per_step = {"synchronous DDP": (0.12, 100e3), "PowerSGD": (0.03, 10e3),
-                "local SGD (H = 8)": (0.02, 12e3), "DiLoCo (H = 32)": (0.015, 3e3)}
+                "local SGD (H = 8)": (0.02, 12e3), "DiLoCo (H = 24)": (0.015, 3e3)}
     return {m: [{"step": 72 * (i + 1), "seconds": 72 * (i + 1) * per_step[m][0],
                  "bytes": 72 * (i + 1) * per_step[m][1], "accuracy": a, "loss": 1 - a}
                 for i, a in enumerate(acc[m])] for m in acc}
@@ -207,7 +207,7 @@ def test_netaccuracy_time_and_bytes_to_the_target_are_the_first_crossing():
     assert s["synchronous DDP"]["seconds"] == pytest.approx(216 * 0.12)
     assert s["PowerSGD"]["bytes"] == pytest.approx(216 * 10e3)
     assert s["local SGD (H = 8)"]["step"] == 144  # 0.80 counts: >= the target
-    assert s["DiLoCo (H = 32)"]["seconds"] is None and s["DiLoCo (H = 32)"]["final"] == 0.78
+    assert s["DiLoCo (H = 24)"]["seconds"] is None and s["DiLoCo (H = 24)"]["final"] == 0.78
 
 
 def test_netaccuracy_report_and_figure(figures, capsys):
@@ -221,7 +221,7 @@ def test_netaccuracy_report_and_figure(figures, capsys):
     netaccuracy.report(rows)
     out = capsys.readouterr().out
     assert "local SGD (H = 8)      2.9 s,    1.73 MB per node (step 144)" in out, out
-    assert "DiLoCo (H = 32)    not reached" in out and "-6.0 points vs synchronous" in out, out
+    assert "DiLoCo (H = 24)    not reached" in out and "-6.0 points vs synchronous" in out, out
     (png,) = netaccuracy.draw()
     assert os.path.getsize(png) > 20_000
 

@@ -5,13 +5,14 @@
 On 10 Mbit/s a synchronous step of Net (87 KB of gradients, ~10 ms of compute per node
 here) waits ~0.1 s for its all-reduce: communication is most of the step. Four ways to train
 the same model from the same start on the same data (each node its own quarter of every
-global batch of 4 x 32, SGD lr 0.05 momentum 0.9, EPOCHS epochs):
+global batch of 4 x 32, SGD lr 0.05 momentum 0.9 unless said otherwise, EPOCHS epochs):
 
     synchronous DDP        our DistributedDataParallel: every step all-reduces 87 KB
     PowerSGD               our DDP + our powerSGD_hook, rank 2, error feedback (one bucket;
                            plain all-reduce for the first START steps)
-    local SGD (H = 8)      every node steps alone, the weights are averaged every 8 steps
-    DiLoCo (H = 32)        local steps as well, every 32 steps an outer Nesterov step (lr
+    local SGD (H = 4, 8)   every node steps alone, the weights are averaged every H steps
+    DiLoCo (H = 24)        local steps of plain SGD (lr 0.1: the outer momentum takes the
+                           place of the inner one), every 24 steps an outer Nesterov step (lr
                            0.7, momentum 0.9) along the average's move (Douillard et al. 2023)
 
 Every EVAL_EVERY steps (a multiple of both periods, right after an average) the clock stops,
@@ -32,14 +33,16 @@ from dist_sgd.bench import common, nodes
 NAME = "netaccuracy"
 NODES, RATE = 4, "10mbit"
 BATCH, LR, MOMENTUM, EPOCHS, TARGET, START = 32, 0.05, 0.9, 2, 0.80, 20
-METHODS = ("synchronous DDP", "PowerSGD", "local SGD (H = 8)", "DiLoCo (H = 32)")
-PERIODS = {"local SGD (H = 8)": 8, "DiLoCo (H = 32)": 32}
-EVAL_EVERY = 64
+METHODS = ("synchronous DDP", "PowerSGD", "local SGD (H = 4)", "local SGD (H = 8)",
+           "DiLoCo (H = 24)")
+PERIODS = {"local SGD (H = 4)": 4, "local SGD (H = 8)": 8, "DiLoCo (H = 24)": 24}
+INNER = {"DiLoCo (H = 24)": (0.1, 0.0)}  # (lr, momentum) of its inner SGD, else (LR, MOMENTUM)
+EVAL_EVERY = 72  # a multiple of every period: the score is taken right after an average
 
 
 def settings(quick):
     if quick:
-        return {"steps": 64, "eval_every": 32, "test": 2000}
+        return {"steps": 48, "eval_every": 24, "test": 2000}
     return {"steps": None, "eval_every": EVAL_EVERY, "test": None}  # None: EPOCHS epochs
 
 
@@ -76,8 +79,9 @@ def _wrap(method, model, p):
     broadcast_parameters(model, src=0)
     period = PERIODS[method]
     outer = dict(outer_lr=0.7, outer_momentum=0.9, nesterov=True) if "DiLoCo" in method else {}
-    local = LocalSGD(model.parameters(), period=period, **outer)
-    return model, local, lambda k: ring * n if k % period == 0 else 0.0
+    # warmup_steps = period - 1: the averages follow steps period, 2 period, ... (not step 1)
+    local = LocalSGD(model.parameters(), period=period, warmup_steps=period - 1, **outer)
+    return model, local, lambda k: ring * n if (k + 1) % period == 0 else 0.0
 
 
 def _train(method, rank, p, train, test, s):
@@ -85,7 +89,8 @@ def _train(method, rank, p, train, test, s):
 
     model = _fresh(rank)
     net, local, sent = _wrap(method, model, p)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    lr, momentum = INNER.get(method, (LR, MOMENTUM))
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     images, labels = train.tensors
     per_epoch = len(images) // (BATCH * p)
     steps = s["steps"] or EPOCHS * per_epoch
@@ -194,7 +199,7 @@ def draw():
     from dist_sgd.bench import plots  # matplotlib: only where we draw
 
     s = summary(rows)
-    colors = dict(zip(METHODS, ("tab:blue", "tab:purple", "tab:green", "tab:orange")))
+    colors = dict(zip(METHODS, ("tab:blue", "tab:purple", "tab:olive", "tab:green", "tab:orange")))
     fig, axes = plots.figure(3, width=5.0, height=4.2)
     for ax, (x, label) in zip(axes[0], (("seconds", "wall time (s), evaluations excluded"),
                                         ("bytes", "MB sent per node"))):

@@ -105,7 +105,7 @@ def _rows(out):
 
 
 def with_model(rows):
-    """Add the model's prediction to every row, from one fit of every ping-pong row."""
+    """Add the model's prediction to every row, from the one fit of the 2-node ping-pong."""
     alpha, beta = fit(rows)
     for r in rows:
         algorithm = MODEL_OF.get(r["algorithm"], r["algorithm"])
@@ -147,7 +147,7 @@ def _table(rows):
 
 def summary(rows):
     """The numbers the figure stands for: {name: value}, computed from the rows alone."""
-    ar, rate = _table(rows), nodes.link_rate()
+    ar, rate = _table(with_model(rows)), nodes.link_rate()
     ps = sorted({p for _, p, _ in ar})
     big = [k for k in ar if k[2] >= MiB]
     bus = {a: min(costmodel.bus_bandwidth(n, p, ar[a, p, n]["seconds"]) / rate
@@ -165,6 +165,7 @@ def summary(rows):
 
 
 def report(rows):
+    rows = with_model(rows)  # from the fit of these rows (a CSV's model column may be older)
     alpha, beta = fit(rows)
     rate, pp = nodes.link_rate(), [r for r in rows if r["part"] == "ping-pong"]
     print(f"ping-pong, 2 nodes (<= 1 KiB, >= 4 MiB): alpha = {alpha * 1e6:.0f} us, "
@@ -204,6 +205,7 @@ def draw():
         return []
     from dist_sgd.bench import plots  # matplotlib: only where we draw
 
+    rows = with_model(rows)
     alpha, beta = fit(rows)
     ar, rate = _table(rows), nodes.link_rate()
     sizes = sorted({n for _, _, n in ar})

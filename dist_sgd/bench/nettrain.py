@@ -234,6 +234,7 @@ def efficiency(rows):
 
 
 def report(rows):
+    rows = with_model(rows)  # from the fit of these rows (a CSV's model column may be older)
     alpha, beta = fit(rows)
     rate = nodes.link_goodput(8 * nodes.link_rate())
     print(f"ping-pong: alpha = {alpha * 1e6:.0f} us, 1/beta = {8 / beta / 1e6:.1f} Mbit/s "
@@ -268,8 +269,12 @@ def draw():
     except FileNotFoundError:
         print(f"{NAME}: no {NAME}.csv yet (measure it as root first); nothing to draw")
         return []
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     from dist_sgd.bench import plots  # matplotlib: only where we draw
 
+    rows = with_model(rows)
     t, eff = table(rows), efficiency(rows)
     ps = sorted({p for _, p in t})
     batch = t["compute", 1]["batch"]
@@ -313,15 +318,17 @@ def draw():
         ax_bar.bar(x, compute, width, color="lightgray", edgecolor=colors[name])
         ax_bar.bar(x, [max(0.0, s - c) for s, c in zip(step, compute)], width, bottom=compute,
                    color=colors[name], label=name)
-        ax_bar.plot(x, [t[name, p]["model"] * 1e3 for p in ps], "D", ms=3, color="black")
-    ax_bar.bar([], [], color="lightgray", label="compute alone (at that node count)")
-    ax_bar.plot([], [], "D", ms=3, color="black", label="model")
+        ax_bar.plot(x, [t[name, p]["model"] * 1e3 for p in ps], "D", ms=3, color="black",
+                    label="_model")
+    handles, _ = ax_bar.get_legend_handles_labels()
+    handles += [Patch(color="lightgray", label="compute alone (at that node count)"),
+                Line2D([], [], marker="D", ms=3, ls="", color="black", label="model")]
     ax_bar.set_xticks(range(len(ps)))
     ax_bar.set_xticklabels([f"{p} node(s)" for p in ps])
     ax_bar.set_yscale("log")
     ax_bar.set_ylabel("ms per step (colour: beyond compute)")
     ax_bar.set_title("where a step goes", fontsize=10)
-    ax_bar.legend(fontsize=6.5)
+    ax_bar.legend(handles=handles, fontsize=6.5)
     title = f"Weak scaling of BigNet on 1-{ps[-1]} emulated nodes, {nodes.RATE}/s links"
     return [plots.finish(fig, NAME, title, facts,
                          note="medians of alternated steps; DDPs with 1 MiB buckets; PowerSGD "

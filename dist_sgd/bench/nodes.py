@@ -21,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
+
 from dist_sgd.scale import cluster
 
 RATE, BURST = "100mbit", 70_000
@@ -36,15 +38,26 @@ PING_PONG = (64, 2 ** 10, 4 * 2 ** 20, 16 * 2 ** 20)  # the sizes fit_alpha_beta
 
 
 def fit_alpha_beta(rows):
-    """(alpha, beta) of one line through the ping-pong medians of <= 1 KiB (alpha) and >= 4 MiB
-    (beta); rows: dicts with "bytes" and "seconds". After any pause tbf's bucket lets a
-    message's first 70 KB leave at memory speed: a 4 KiB message then skips its 0.3 ms on the
-    wire, 64 KiB crosses at 3x the link's rate and 1 MiB 7% faster than it, an artefact no
-    real link has and a busy all-reduce never sees; at 4 MiB it is worth 2%, at 16 MiB 0.4%."""
-    from dist_sgd.scale import costmodel
+    """(alpha, beta) from ping-pong medians (dicts with "bytes" and "seconds"), each number from
+    the sizes that show it: beta = the slope of a line through the messages of >= 4 MiB,
+    alpha = the median over messages of <= 1 KiB of their time less their bytes * beta.
 
-    use = [r for r in rows if r["bytes"] <= 2 ** 10 or r["bytes"] >= 4 * 2 ** 20]
-    return costmodel.fit_alpha_beta([r["bytes"] for r in use], [r["seconds"] for r in use])
+    One least-squares line through all sizes would let the small messages' noise (+-50 us on
+    a 2-core machine) tilt beta, and the big ones cannot give alpha: after any pause tbf's
+    bucket lets a message's first 70 KB leave at memory speed, which shifts every big message
+    by the same 5.8 ms (at 100 Mbit/s) and leaves their slope alone; in between, the bucket is
+    most of the message (64 KiB crosses at 3x the link's rate), an artefact no real link has
+    and a busy all-reduce never sees.
+    """
+    big = [r for r in rows if r["bytes"] >= 4 * 2 ** 20]
+    small = [r for r in rows if r["bytes"] <= 2 ** 10]
+    if len({r["bytes"] for r in big}) < 2 or not small:
+        raise ValueError("the fit needs ping-pong medians at two sizes >= 4 MiB and one <= 1 KiB")
+    beta = float(np.polyfit([r["bytes"] for r in big], [r["seconds"] for r in big], 1)[0])
+    if beta <= 0:
+        raise ValueError(f"the big messages give a slope of {beta:.3g} s/byte: not a link")
+    alpha = float(np.median([r["seconds"] - r["bytes"] * beta for r in small]))
+    return max(alpha, 0.0), beta
 
 
 def link_rate():
