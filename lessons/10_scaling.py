@@ -70,7 +70,7 @@ def run(rank, world_size, args):
         all_reduce(got, algorithm=algorithm)
         diffs[algorithm] = max_diff(got, expected)
     repeats = 3 if args.quick else 7
-    pp = ping_pong(nodes.PING_PONG[:3 if args.quick else 4], repeats)  # 64 B .. 4 (16) MiB
+    pp = ping_pong(nodes.QUICK_PING_PONG if args.quick else nodes.PING_PONG, repeats)
     ways = {"gloo": dist.all_reduce, "ring": all_reduce,
             "tree": lambda t: all_reduce(t, algorithm="tree")}
     allreduce = {}

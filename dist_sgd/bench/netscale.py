@@ -39,7 +39,7 @@ CAPS = {("naive", 8): 4 * MiB, ("naive", 16): 4 * MiB}  # the largest size timed
 def settings(quick):
     if quick:
         return {"nodes": (2, 4), "sizes": (4 * KiB, 64 * KiB, 1 * MiB),
-                "pp": {2: (64, KiB, 4 * MiB), "other": (KiB, MiB)},
+                "pp": {2: nodes.QUICK_PING_PONG, "other": (KiB, MiB)},
                 "repeats": lambda n: 2}
     return {"nodes": (2, 4, 8, 16), "sizes": tuple(4 ** k * KiB for k in range(8)),
             # the fit's ping-pong in the 2-node cluster, 1 KiB .. 16 MiB; elsewhere a check
@@ -133,7 +133,7 @@ def measure(quick=False):
 
 def fit_rows(rows):
     """The ping-pong rows the model is fitted to: the 2-node cluster's (nodes.fit_alpha_beta
-    keeps <= 1 KiB and >= 4 MiB of them)."""
+    keeps <= 1 KiB and >= 2 MiB of them)."""
     return [r for r in rows if r["part"] == "ping-pong" and r["nodes"] == 2]
 
 
@@ -168,7 +168,7 @@ def report(rows):
     rows = with_model(rows)  # from the fit of these rows (a CSV's model column may be older)
     alpha, beta = fit(rows)
     rate, pp = nodes.link_rate(), [r for r in rows if r["part"] == "ping-pong"]
-    print(f"ping-pong, 2 nodes (<= 1 KiB, >= 4 MiB): alpha = {alpha * 1e6:.0f} us, "
+    print(f"ping-pong, 2 nodes (<= 1 KiB, >= 2 MiB): alpha = {alpha * 1e6:.0f} us, "
           f"1/beta = {8 / beta / 1e6:.1f} Mbit/s = {1 / beta / rate:.1%} of the link's rate "
           f"(TCP's ceiling: {nodes.link_goodput(rate * 8) / rate:.1%})")
     ar = _table(rows)

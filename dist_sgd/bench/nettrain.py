@@ -127,7 +127,7 @@ def _node_work(rank, world_size, quick):
     s = settings(quick)
     out = {"nodes": world_size, "batch": s["batch"]}
     if world_size == 2:  # the links are alike at every node count: one fit, from 2 nodes
-        out["ping-pong"] = ping_pong(list(nodes.PING_PONG), 5)
+        out["ping-pong"] = ping_pong(list(nodes.QUICK_PING_PONG if quick else nodes.PING_PONG), 5)
     steps, out["buckets"], out["params"], out["shapes"] = _steps(rank, world_size, s["batch"])
     samples = time_alternating(steps, s["repeats"], warmup=3)
     samples[STRATEGIES[-1]] = [t / PERIOD for t in samples[STRATEGIES[-1]]]

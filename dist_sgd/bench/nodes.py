@@ -35,11 +35,12 @@ def host_links():
 
 
 PING_PONG = (64, 2 ** 10, 4 * 2 ** 20, 16 * 2 ** 20)  # the sizes fit_alpha_beta needs
+QUICK_PING_PONG = (64, 2 ** 10, 2 * 2 ** 20, 4 * 2 ** 20)  # the same, faster
 
 
 def fit_alpha_beta(rows):
     """(alpha, beta) from ping-pong medians (dicts with "bytes" and "seconds"), each number from
-    the sizes that show it: beta = the slope of a line through the messages of >= 4 MiB,
+    the sizes that show it: beta = the slope of a line through the messages of >= 2 MiB,
     alpha = the median over messages of <= 1 KiB of their time less their bytes * beta.
 
     One least-squares line through all sizes would let the small messages' noise (+-50 us on
@@ -49,10 +50,10 @@ def fit_alpha_beta(rows):
     most of the message (64 KiB crosses at 3x the link's rate), an artefact no real link has
     and a busy all-reduce never sees.
     """
-    big = [r for r in rows if r["bytes"] >= 4 * 2 ** 20]
+    big = [r for r in rows if r["bytes"] >= 2 * 2 ** 20]
     small = [r for r in rows if r["bytes"] <= 2 ** 10]
     if len({r["bytes"] for r in big}) < 2 or not small:
-        raise ValueError("the fit needs ping-pong medians at two sizes >= 4 MiB and one <= 1 KiB")
+        raise ValueError("the fit needs ping-pong medians at two sizes >= 2 MiB and one <= 1 KiB")
     beta = float(np.polyfit([r["bytes"] for r in big], [r["seconds"] for r in big], 1)[0])
     if beta <= 0:
         raise ValueError(f"the big messages give a slope of {beta:.3g} s/byte: not a link")
