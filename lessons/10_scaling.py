@@ -1,54 +1,42 @@
-"""Lesson 10: scaling - measured on this machine, and predicted for real clusters.
+"""Lesson 10: scaling - why a laptop shows no speed-up, and what a network shows instead.
 
 Everything so far made p processes compute exactly what one process computes. Does it make
-training faster? This lesson measures a little of that on your machine, then walks through
-the numbers behind the figures the benchmark draws into figures/ (README, "Figures"):
+training faster? The same measurements run twice: over this machine's loopback, then on an
+emulated network (lesson 11's cluster: one network namespace per node, 100 Mbit/s links).
 
-    fig 1 allreduce.png   all-reduce bus bandwidth: our algorithms vs gloo
-    fig 2 p2p.png         send/recv latency (alpha) and bandwidth (1/beta) by message size
-    fig 3 scaling.png     samples/s and efficiency vs world size, strong and weak scaling
-    fig 4 breakdown.png   where a step's time goes: compute, waiting, communication
-    fig 6 atscale.png     the alpha-beta cost model from 1 to 1024 workers, vs published runs
+  1. Loopback: little or no speed-up. With two processes each has a core, so computing can
+     at best halve; but every step also copies the whole gradient through the kernel on the
+     same cores, and past the core count the processes take turns on the CPU. A "network"
+     that is the CPU itself can never be the bottleneck, so no curve here means what it
+     would on a cluster.
+  2. The alpha-beta model: a message of n bytes costs alpha + n * beta. Fitted once to a
+     ping-pong (never to the all-reduces it predicts), it predicts every all-reduce:
+     ring 2(p-1) alpha + 2(p-1)/p n beta, tree 2 log2(p) (alpha + n beta) (costmodel.py).
+  3. On the network, a curve means what it would on a cluster: the link, not the CPU, is
+     what a big all-reduce waits for. The benchmark (figures/netscale.png) measures 2-16
+     nodes: the ring's time barely grows with p, the tree's grows as log2 p, the naive one's
+     as p; small messages are latency-bound, so there the tree beats the ring.
+  4. Training on it (figures/nettrain.png): each node keeps its batch (weak scaling); a step
+     is compute plus what the link costs; DDP hides part of it behind backward, PowerSGD and
+     local SGD send less. The nodes still share this machine's cores, so compute itself
+     slows down with p: the lesson keeps that apart from the link's cost.
+  5. Validated on 2-16 nodes, the model extrapolates to 1024 workers on real networks.
 
-What it shows, in five points:
-  1. Little or no speed-up on a 2-core laptop. With two processes each has a core, so
-     computing can at best halve; but every step now also sends the whole gradient through
-     the kernel's loopback (on the same two cores) and waits for the slower rank. Past the
-     core count (3 or 4 processes on 2 cores) the processes take turns on the CPU: computing
-     cannot get faster at all, and communication gets slower (oversubscription).
-  2. A model of communication: a message of n bytes costs alpha + n * beta. All-reduce
-     algorithms differ in how many messages (alpha terms) and how many bytes (beta terms)
-     they need: dist_sgd/costmodel.py has the table.
-  3. Ring vs tree: ring moves the fewest bytes (2(p-1)/p n) but takes 2(p-1) steps; a tree
-     takes 2 log2 p steps but moves the whole tensor in each. Small messages are latency-
-     bound, so the tree wins; big ones are bandwidth-bound, so the ring wins; the crossover
-     moves to bigger messages as p grows.
-  4. Why buckets: one all-reduce per parameter pays alpha per tensor; one all-reduce of
-     everything at the end cannot overlap with backward. Buckets of ~25 MB pay few alphas and
-     start sending while backward is still computing the earlier layers' gradients.
-  5. The linear scaling rule (Goyal et al. 2017): with p workers, keep each worker's batch b,
-     multiply the learning rate by p; then training takes 1/p as many steps. Wall-clock
-     speed-up = p * efficiency. A bigger per-worker batch raises efficiency (more compute per
-     gradient byte), but the rule itself breaks down past some global batch (~8k images for
-     ImageNet), so you cannot hide communication behind ever bigger batches.
-
-The committed figures were measured on a quiet 2-core machine; the numbers measured here are
-from yours, so they differ (the benchmark re-measures everything on yours in ~4 minutes).
+Without root (no network namespaces) part 3 shows the numbers in figures/ instead and says
+how to measure them. Numbers measured here are your machine's; the committed ones are from
+a quiet 2-core machine.
 
 Run:
-    python lessons/10_scaling.py --world-size 2
-    python lessons/10_scaling.py --quick                  # fewer repeats
+    python lessons/10_scaling.py                   # loopback; as root also 2 emulated nodes
+    sudo python lessons/10_scaling.py --world-size 4 --quick
     torchrun --standalone --nproc-per-node 2 lessons/10_scaling.py --quick
 
 Exercises:
-  1. Run with --world-size 4 on a 2-core machine. Which number in the step table gets worse:
-     compute or communication? Why both?
-  2. Find the message size where ring and tree cost the same for p = 16, alpha = 25 us and
-     10 Gbit/s (costmodel.predict_all_reduce and costmodel.link). Check it with the table below.
-  3. In the last table, which per-worker batch brings BigNet on 64 workers on 10 GbE to 90%
-     efficiency? Why does a bigger batch help? (Compute grows about linearly with the batch.)
-  4. Why does a single parameter server stop scaling at a few dozen workers, and how do
-     sharded parameter servers (one shard of the parameters per server) change its formula?
+  1. Compare "% of a step computes" on loopback and on the link. Which one is a cluster?
+  2. Find the message size where ring and tree cost the same for p = 16 with the fitted alpha
+     and beta (costmodel.predict_all_reduce). Is it where figures/netscale.png shows it?
+  3. Why does the 16-node ring at 4 KiB take far longer than 30 alphas? (16 processes, 2 cores.)
+  4. With the extrapolation's numbers, which per-worker batch brings 1024 workers to 50%?
 """
 import os
 
@@ -56,22 +44,22 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dist_sgd.scale import costmodel
-from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.bench import netaccuracy, netscale, nettrain, nodes
 from dist_sgd.comm.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
-from dist_sgd.scale.costmodel import human_bytes
+from dist_sgd.comm.p2p import ping_pong
+from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.figures import read_csv
 from dist_sgd.plumbing.launch import launch, lesson_parser
-from dist_sgd.plumbing.rank import log
-from dist_sgd.sgd.models import BigNet, count_parameters
-from dist_sgd.comm.p2p import ping_pong
-from dist_sgd.sgd.sync import average_gradients
+from dist_sgd.plumbing.rank import log, under_torchrun
 from dist_sgd.plumbing.timing import summarize, time_alternating
+from dist_sgd.scale import cluster, costmodel
+from dist_sgd.sgd.models import BigNet, count_parameters
+from dist_sgd.sgd.sync import average_gradients
 
 KiB, MiB = 2 ** 10, 2 ** 20
 
 
-def measure(rank, world_size, quick):
+def run(rank, world_size, args):
     """Every rank: check our all-reduces, then time messages, all-reduces and a BigNet step."""
     x = torch.randn(1007, generator=torch.Generator().manual_seed(rank))  # odd: uneven chunks
     expected = x.clone()
@@ -81,111 +69,121 @@ def measure(rank, world_size, quick):
         got = x.clone()
         all_reduce(got, algorithm=algorithm)
         diffs[algorithm] = max_diff(got, expected)
-
-    repeats = 3 if quick else 7
-    pp = ping_pong([8, 64 * KiB, 1 * MiB, 4 * MiB], repeats)
+    repeats = 3 if args.quick else 7
+    pp = ping_pong(nodes.QUICK_PING_PONG if args.quick else nodes.PING_PONG, repeats)
+    ways = {"gloo": dist.all_reduce, "ring": all_reduce,
+            "tree": lambda t: all_reduce(t, algorithm="tree")}
     allreduce = {}
-    for n in (16 * KiB, 4 * MiB):
-        bufs = {a: torch.ones(n // 4) for a in ("tree", "ring", "gloo")}
-        ways = {a: (lambda t=bufs[a], a=a: all_reduce(t, algorithm=a)) for a in ("tree", "ring")}
-        ways["gloo"] = lambda t=bufs["gloo"]: dist.all_reduce(t)
-        allreduce[n] = {a: summarize(s)["median"] for a, s in time_alternating(ways, repeats, 1).items()}
-
-    # A BigNet step on 16 samples per rank, with and without average_gradients (lesson 06).
+    for n in (16 * KiB, MiB):
+        bufs = {a: torch.ones(n // 4) for a in ways}
+        t = time_alternating({a: (lambda a=a: ways[a](bufs[a])) for a in ways}, repeats, 1)
+        allreduce[n] = {a: summarize(s)["median"] for a, s in t.items()}
+    # BigNet's forward and backward, 16 samples per rank, with and without average_gradients
+    # (lesson 06); the SGD update is the same either way and left out.
     torch.manual_seed(0)
     model, batch = BigNet(), 16
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     images, labels = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
 
     def step(sync):
-        opt.zero_grad()
+        model.zero_grad()
         F.nll_loss(model(images), labels).backward()
         if sync:
             average_gradients(model)
-        opt.step()
     steps = time_alternating({"compute only": lambda: step(False),
                               "with average_gradients": lambda: step(True)}, repeats, 1)
-    return {"world_size": world_size, "diffs": diffs, "ping_pong": pp, "allreduce": allreduce,
-            "batch": batch, "grad_bytes": 4 * count_parameters(model),
+    return {"p": world_size, "diffs": diffs, "pp": pp, "allreduce": allreduce, "batch": batch,
+            "bytes": 4 * count_parameters(model),
             "step": {k: summarize(v)["median"] for k, v in steps.items()}}
 
 
-def walk_through(r):
-    p = r["world_size"]
+def show(r, where):
+    """The same table wherever it was measured: checks, the fit, model vs measured, a step."""
+    p = r["p"]
     for algorithm, diff in r["diffs"].items():
         log(check(f"all_reduce ({algorithm}) vs torch.distributed.all_reduce", diff, 1e-5))
-
-    alpha, beta = costmodel.fit_alpha_beta([m["bytes"] for m in r["ping_pong"]],
-                                           [m["seconds"] for m in r["ping_pong"]])
-    log("\n--- figure 2: point to point, ranks 0 and 1 play ping-pong ---")
-    for m in r["ping_pong"]:
-        log(f"  {human_bytes(m['bytes']):>7s}: {m['seconds'] * 1e6:9.1f} us one way, "
-            f"{m['bandwidth'] / 1e9:6.3f} GB/s")
-    log(f"  fit t = alpha + n * beta: alpha = {alpha * 1e6:.0f} us per message, 1/beta = "
-        f"{1 / beta / 1e9:.2f} GB/s: below ~{human_bytes(alpha / beta)} a message is mostly latency")
-
-    log(f"\n--- figure 1: all-reduce at world size {p}, measured, and the model with that fit ---")
+    alpha, beta = nodes.fit_alpha_beta(r["pp"])
+    log(f"\n--- {where}, {p} ranks: ping-pong fit alpha = {alpha * 1e6:.0f} us, 1/beta = "
+        f"{8 / beta / 1e6:.0f} Mbit/s ---")
     for n, t in r["allreduce"].items():
-        log(f"  {human_bytes(n):>7s}: " + ", ".join(
-            f"{a} {s * 1e3:.2f} ms" + ("" if a == "gloo" else
-                                       f" (model {costmodel.predict_all_reduce(a, n, p, alpha, beta) * 1e3:.2f})")
-            for a, s in t.items()))
-    log("  (the model counts messages and bytes only: Python's per-message cost and two ranks\n"
-        "   sharing two cores with the copying are not in it; gloo's all-reduce is C++)")
-    a10, b10 = costmodel.link(10, 25)
-    log("  the model for 16 workers on 10 Gbit/s Ethernet (alpha 25 us):")
-    for n in (16 * KiB, 1 * MiB, 64 * MiB):
-        ring, tree = (costmodel.predict_all_reduce(a, n, 16, a10, b10) for a in ("ring", "tree"))
-        log(f"    {human_bytes(n):>7s}: ring {ring * 1e3:7.2f} ms, tree {tree * 1e3:7.2f} ms: "
-            f"{'ring' if ring < tree else 'tree'} is faster")
+        model = {a: costmodel.predict_all_reduce(netscale.MODEL_OF.get(a, a), n, p, alpha, beta)
+                 for a in t}  # gloo's all-reduce is a ring
+        log(f"  all-reduce {costmodel.human_bytes(n):>7s}: " + ", ".join(
+            f"{a} {s * 1e3:6.2f} ms (model {model[a] * 1e3:6.2f})" for a, s in t.items()))
+    alone, synced = r["step"]["compute only"], r["step"]["with average_gradients"]
+    log(f"  BigNet, {r['batch']} samples per rank: {alone * 1e3:.1f} ms computing, "
+        f"{synced * 1e3:.1f} ms with average_gradients of {r['bytes'] / 1e6:.1f} MB: "
+        f"{alone / synced:.0%} of a step computes ({os.cpu_count()} cores"
+        + (", fewer than ranks: they take turns)" if p > os.cpu_count() else ")"))
 
-    s, b = r["step"], r["batch"]
-    log(f"\n--- figures 3 and 4: a BigNet step here, {b} samples per rank, "
-        f"{r['grad_bytes'] / 1e6:.1f} MB of gradients, {p} ranks ---")
-    for name, t in s.items():
-        log(f"  {name:24s} {t * 1e3:7.1f} ms per step, {b * p / t:6.0f} samples/s over {p} ranks")
-    log(f"  {s['compute only'] / s['with average_gradients']:.0%} of a step computes; this machine "
-        f"has {os.cpu_count()} cores" + (", fewer than ranks: they take turns" if p > os.cpu_count() else ""))
-    try:
-        rows, facts = read_csv("scaling")
-    except FileNotFoundError:
-        rows, facts = [], "figures/scaling.csv is not there (README, Figures: the benchmark)"
-    log(f"  figures/scaling.csv (weak scaling: efficiency vs one plain process), measured on {facts}:")
-    for model in dict.fromkeys(r["model"] for r in rows):
-        sizes = sorted({r["world_size"] for r in rows if r["model"] == model})
-        log(f"    {model:6s} {'':18s}" + "".join(f"{'p=' + str(q):>7s}" for q in sizes))
-        for name in ("average_gradients", "our DDP", "torch DDP"):
-            eff = {r["world_size"]: r["efficiency"] for r in rows if r["model"] == model
-                   and r["mode"] == "weak" and r["strategy"] == name}
-            log(f"    {'':6s} {name:18s}" + "".join(f"{eff[q]:7.0%}" for q in sizes))
 
-    log("\n--- figure 6: the cost model at scale, fed with BigNet's compute measured above ---")
-    compute = s["compute only"]
+def on_the_network(args):
+    """Run this file once in every node of an emulated cluster; node 0 prints its table."""
+    flags = ["--world-size", str(args.world_size)] + (["--quick"] if args.quick else [])
+    cmd = ["env", "RANK=$NODE_RANK", "WORLD_SIZE=$NNODES", "OMP_NUM_THREADS=1", "python3",
+           "lessons/10_scaling.py", *flags]
+    log(f"\n$ sudo python3 -m dist_sgd.scale.cluster --nodes {args.world_size} --rate "
+        f"{nodes.RATE} --burst {nodes.BURST} -- '{' '.join(cmd)}'")
+    with cluster.Cluster(args.world_size, rate=nodes.RATE, burst=nodes.BURST) as c:
+        c.run_ranks([__file__, *flags], timeout=600)
+
+
+def recorded():
+    """The curves the benchmark measured on 2-16 emulated nodes (figures/net*.csv)."""
+    (scale, facts), (train, _), (acc, _) = [read_csv(m.NAME) for m in (netscale, nettrain,
+                                                                       netaccuracy)]
+    log(f"\n--- figures/netscale.png: all-reduce on 2-16 nodes ---\n  measured on {facts}")
+    s = netscale.summary(scale)
+    for a, (e, (_, p, n)) in s["error"].items():
+        log(f"  {a:16s} model vs measured at >= 1 MiB: worst {e:.0%} ({p} nodes, "
+            f"{costmodel.human_bytes(n)})")
+    most = max(s["crossover"])
+    sizes = [", ".join(map(costmodel.human_bytes, ns)) for ns in s["crossover"][most]]
+    log(f"  {most} nodes: the tree beats the ring at {sizes[0]} (model: {sizes[1]})")
+    log("--- figures/nettrain.png: weak scaling of BigNet, efficiency vs one node alone ---")
+    eff = nettrain.efficiency(train)
+    ps = sorted({p for _, p in eff})
+    log(f"  {'':24s}" + "".join(f"{f'{p} nodes':>10s}" for p in ps))
+    log(f"  {'compute alone (CPU share)':24s}" + "".join(f"{eff['our DDP', p][1]:10.0%}"
+                                                        for p in ps))
+    for name in nettrain.STRATEGIES:
+        log(f"  {name:24s}" + "".join(f"{eff[name, p][0]:10.0%}" for p in ps))
+    log(f"--- figures/netaccuracy.png: to {netaccuracy.TARGET:.0%} test accuracy, "
+        f"{netaccuracy.NODES} nodes at {netaccuracy.RATE}/s ---")
+    for method, r in netaccuracy.summary(acc).items():
+        reach = (f"{r['seconds']:5.0f} s, {r['bytes'] / 1e6:6.1f} MB per node"
+                 if r["seconds"] is not None else "not reached")
+        log(f"  {method:18s} {reach}; final accuracy {r['final']:.1%}")
+
+
+def extrapolate(compute, nbytes):
+    log(f"\n--- the model at scale: BigNet's compute here ({compute * 1e3:.0f} ms), no overlap ---")
     for net, (gbit, lat) in (("10 Gbit/s Ethernet", (10, 25)), ("100 Gbit/s RDMA", (100, 5))):
-        link = costmodel.link(gbit, lat)
-        for algorithm in ("ring", "tree", "parameter_server"):
-            effs = [costmodel.predict_step(compute, r["grad_bytes"], q, algorithm, *link)[1]
-                    for q in (8, 64, 1024)]
-            log(f"  {net:18s} {algorithm:16s} efficiency at 8 / 64 / 1024 workers: "
-                + " / ".join(f"{e:4.0%}" for e in effs) + " (no overlap)")
-    _, goyal = costmodel.predict_step(0.3, 102.4e6, 256, "ring", *costmodel.link(50, 25))
-    log(f"  Goyal et al. 2017 (ResNet-50, 256 GPUs, 50 Gbit/s, ~0.3 s compute assumed): "
-        f"published ~90%, model {goyal:.0%} with no overlap, 100% with perfect overlap")
-
-    log("\n--- the linear scaling rule: speed-up = workers x efficiency ---")
-    for per_worker in (16, 64, 256):
-        _, eff = costmodel.predict_step(compute * per_worker / b, r["grad_bytes"], 64, "ring",
-                                        *costmodel.link(10, 25))
-        log(f"  BigNet, 64 workers on 10 GbE, {per_worker:3d} samples per worker (global "
-            f"{64 * per_worker:5d}): efficiency {eff:4.0%}, {64 * eff:4.1f}x one worker's speed")
+        effs = [costmodel.predict_step(compute, nbytes, q, "ring", *costmodel.link(gbit, lat))[1]
+                for q in (8, 64, 1024)]
+        log(f"  {net:18s} ring: efficiency at 8 / 64 / 1024 workers " + " / ".join(
+            f"{e:4.0%}" for e in effs))
 
 
 def main():
-    args = lesson_parser(__doc__, world_size=2).parse_args()
+    parser = lesson_parser(__doc__, world_size=2)
+    args = parser.parse_args()
+    if args.world_size < 2:
+        parser.error("a ping-pong needs 2 ranks: --world-size 2 or more")
     # gloo unless asked otherwise: this lesson's tensors and models live on the CPU
-    results = launch(measure, args.world_size, args.quick, backend=args.backend or "gloo")
-    if results is not None:
-        walk_through(results[0])
+    results = launch(run, args.world_size, args, backend=args.backend or "gloo")
+    if results is None:
+        return
+    if "NNODES" in os.environ:  # dist_sgd.scale.cluster started this in one of its nodes
+        return show(results[0], f"{os.environ['NNODES']} emulated nodes, {nodes.RATE}/s links")
+    show(results[0], "this machine's loopback")
+    why = "under torchrun" if under_torchrun() else cluster.privilege_problem()
+    if why is None:
+        on_the_network(args)
+    else:
+        log(f"\nNo emulated network here ({why}). To measure what figures/ shows (root, "
+            "~30 min):\n  sudo python3 -m dist_sgd.bench netscale nettrain netaccuracy")
+    recorded()
+    extrapolate(results[0]["step"]["compute only"], results[0]["bytes"])
 
 
 if __name__ == "__main__":

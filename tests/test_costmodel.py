@@ -55,7 +55,37 @@ def _traced(rank, world_size):
         assert torch.equal(x, torch.full_like(x, world_size))  # the traced run was a right one
         out[algorithm] = {k: list(v) for k, v in log.items()}
         log["sent"].clear(), log["received"].clear()
+    out["tree sends"] = _tree_send_order(world_size, originals)
     return out
+
+
+def _tree_send_order(world_size, originals):
+    """Rank 0's tree broadcast, as events: ("send", peer) when a send is posted, ("done", peer)
+    when it is waited for."""
+    from dist_sgd.comm.allreduce import tree_broadcast
+    from dist_sgd.comm.wire import Link
+
+    events = []
+
+    class Request:
+        def __init__(self, request, peer):
+            self.request, self.peer = request, peer
+
+        def wait(self):
+            self.request.wait()
+            events.append(("done", self.peer))
+
+    def isend(tensor, dst, *args, **kwargs):
+        events.append(("send", dst))
+        return Request(originals["isend"](tensor, dst, *args, **kwargs), dst)
+    for module in (c10d, dist):
+        setattr(module, "isend", isend)
+    try:
+        tree_broadcast(Link("broadcast"), torch.ones(NUMEL))
+    finally:
+        for module in (c10d, dist):
+            setattr(module, "isend", originals["isend"])
+    return events if dist.get_rank() == 0 else None
 
 
 @pytest.fixture(scope="module", params=[3, 4])  # 3: chunks around an odd ring; 4: a power of two
@@ -72,8 +102,7 @@ def _model(algorithm, p):
 @pytest.mark.parametrize("algorithm", ["ring", "ring_pipelined"])
 def test_ring_bytes_each_rank_sends_match_the_model(traced, algorithm):
     p, ranks = traced
-    if algorithm not in ranks[0]:
-        pytest.skip(f"{algorithm} is not in ALL_REDUCE_ALGORITHMS here")
+    assert algorithm in ranks[0], f"{algorithm} was not traced: not in ALL_REDUCE_ALGORITHMS"
     for rank in ranks:
         assert sum(rank[algorithm]["sent"]) == _model(algorithm, p)[1]
         assert sum(rank[algorithm]["received"]) == _model(algorithm, p)[1]
@@ -85,14 +114,15 @@ def test_ring_messages_each_rank_sends_match_the_model(traced):
         assert len(rank["ring"]["sent"]) == _model("ring", p)[0] == 2 * (p - 1)
 
 
-def test_halving_doubling_matches_the_model_when_p_is_a_power_of_two(traced):
+def test_halving_doubling_matches_the_model(traced):
     p, ranks = traced
-    if p & (p - 1):
-        pytest.skip("p is not a power of two: extra ranks fold in first (the model's +2 terms)")
     messages, nbytes = _model("halving_doubling", p)
-    for rank in ranks:
-        assert len(rank["halving_doubling"]["sent"]) == messages
-        assert sum(rank["halving_doubling"]["sent"]) == nbytes
+    hd = [rank["halving_doubling"]["sent"] for rank in ranks]
+    if p & (p - 1) == 0:  # every rank sends log2 p halving and log2 p doubling messages
+        assert all(len(sent) == messages and sum(sent) == nbytes for sent in hd)
+    else:  # p = 3: the critical path is rank 0's fold-in, then everything its partner sends
+        # (its halving and doubling exchanges with rank 2, and the fold-out): the +2 terms
+        assert len(hd[0]) + len(hd[1]) == messages and sum(hd[0]) + sum(hd[1]) == nbytes
 
 
 @pytest.mark.parametrize("algorithm", ["naive", "tree"])
@@ -162,9 +192,29 @@ def test_ring_beats_tree_only_for_large_messages():
     assert predict_all_reduce("ring", 1 << 26, 16, al, be) < predict_all_reduce("tree", 1 << 26, 16, al, be)
 
 
-def test_tree_latency_grows_with_log_p():
-    steps = [predict_all_reduce("tree", 0, p, 1.0, 0) for p in (2, 4, 8, 16, 1024)]
-    assert steps == [2 * math.log2(p) for p in (2, 4, 8, 16, 1024)]
+def _binomial_rounds(p):
+    """Rounds a broadcast from one rank needs when, each round, every rank that has the
+    tensor sends it to one that has not (a binomial tree); the reduce is the same run back."""
+    have, rounds = 1, 0
+    while have < p:
+        have, rounds = min(p, 2 * have), rounds + 1
+    return rounds
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5, 7, 8, 9, 16, 17, 1000, 1024])
+def test_tree_latency_counts_the_rounds_of_a_binomial_tree(p):
+    # counted by playing the rounds out, not by the formula: p = 3, 5, 1000 need a whole round
+    # for their last ranks (rounding log2 p down, or not at all, fails here)
+    assert predict_all_reduce("tree", 0, p, 1.0, 0) == 2 * _binomial_rounds(p)
+    assert predict_all_reduce("tree", 1, p, 0, 1.0) == 2 * _binomial_rounds(p)  # whole tensor
+
+
+def test_tree_broadcast_sends_to_one_child_at_a_time_biggest_subtree_first(traced):
+    # The model's tree takes log2 p rounds only if a parent's sends do not share its link:
+    # each send is waited for before the next, to the child with the biggest subtree first.
+    p, ranks = traced
+    children = [2 ** k for k in reversed(range(math.ceil(math.log2(p))))]
+    assert ranks[0]["tree sends"] == [e for c in children for e in (("send", c), ("done", c))]
 
 
 def test_world_size_one_costs_nothing():

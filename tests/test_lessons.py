@@ -45,14 +45,9 @@ MIN_CHECKS = {
     "07": 8,  # steps 1, 2, 3 and 3 over our ring, each vs one process and vs torch DDP
     "08": 3,  # four steps by hand and DataParallel vs one process; torch's DataParallel
     "09": 8,  # 4 ways x (gradients at step 1, weights after 10 steps) vs the single process
-    "10": 4,  # every all-reduce algorithm of ours vs torch.distributed.all_reduce
-<<<<<<< HEAD
-    "11": 7,  # 4 all-reduces vs the single-machine sum, 3 DDPs vs torch DDP
-    "12": 7,  # our hooks vs torch's on the same gradients, bytes counted vs the formula (x5)
-=======
+    "10": 5,  # every all-reduce algorithm of ours vs torch's (as root: again on the network)
     "11": 6,  # 2 exchange orders and 2 all-reduces vs one machine, 2 DDPs vs torch DDP
-    "12": 7,  # our hooks vs torch's on the same gradients, bytes counted vs the formula
->>>>>>> lessons
+    "12": 7,  # our hooks vs torch's on the same gradients, bytes counted vs the formula (x5)
     "13": 3,  # ZeRO-1 vs plain Adam: broadcast, all_gather (ours), under our DDP
     "14": 2,  # weights after a torchrun restart, after peer recovery, vs the uninterrupted run
     "15": 2,  # sync PS vs all-reduce SGD, local SGD H=1 vs all-reduce SGD

@@ -40,6 +40,9 @@ MEASUREMENTS = {
     "zero": "lesson 13: ZeRO-1 optimizer state per rank, bytes and time per step vs torch's",
     "beyond": "lesson 15: parameter server, async SGD, Hogwild, local SGD vs all-reduce SGD",
     "fsdp": "lesson 16: FSDP memory and bytes per rank (p = 1-4); BigNet on 2 nodes (needs root)",
+    "netscale": "lesson 10: all-reduce on 2-16 emulated nodes at 100 Mbit/s, vs the model (root)",
+    "nettrain": "lesson 10: weak scaling of a DDP step on 1-8 emulated nodes, vs the model (root)",
+    "netaccuracy": "lesson 10: time and bytes to a test accuracy on 4 slow nodes (root)",
 }
 
 

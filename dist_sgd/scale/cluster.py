@@ -483,6 +483,8 @@ def main(argv=None):
     parser.add_argument("--nodes", type=int, default=2, help="how many nodes (default 2)")
     parser.add_argument("--rate", default=None,
                         help="each link's speed, e.g. 1gbit, 100mbit (default: unshaped)")
+    parser.add_argument("--burst", type=int, default=None,
+                        help="tbf's token bucket in bytes (default: 1 ms of the rate, >= 128 KiB)")
     parser.add_argument("--timeout", type=float, default=None, help="stop after this many seconds")
     parser.add_argument("--cleanup", action="store_true",
                         help="remove what killed (SIGKILL) runs left behind, then exit")
@@ -504,7 +506,7 @@ def main(argv=None):
         cmd = cmd[0]  # one string: the shell splits it and expands $NODE_RANK per node
     try:
         rate = args.rate and f"{parse_rate(args.rate):.0f}"
-        cluster = Cluster(args.nodes, args.rate)
+        cluster = Cluster(args.nodes, args.rate, burst=args.burst)
     except ValueError as e:
         parser.error(str(e))
     try:

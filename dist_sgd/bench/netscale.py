@@ -1,0 +1,263 @@
+"""All-reduce at scale: 2, 4, 8 and 16 emulated nodes on a link that is the bottleneck.
+
+    sudo python3 -m dist_sgd.bench netscale      # needs root (network namespaces); ~15 min
+
+On one machine every rank shares the CPUs that copy its bytes, so collectives show the
+machine, not the algorithm. Here every node is a network namespace with a 100 Mbit/s link
+each way (dist_sgd.scale.cluster, bench/nodes.py), slow enough that 16 nodes on 2 cores stay
+link-bound for big messages. For each node count p a fresh cluster runs, in every node,
+`python -m dist_sgd.bench.netscale --node OUT` (one rank per node), which
+
+  1. checks every all-reduce (gloo's and our naive, tree, ring, halving-doubling) against the
+     single-machine sum, at an odd size (uneven chunks);
+  2. plays ping-pong between nodes 0 and 1 (64 B - 16 MiB with 2 nodes, a few sizes else);
+  3. times the five all-reduces at 1 KiB - 16 MiB, alternated at each size (medians).
+
+Then one alpha-beta line is fitted once, to the 2-node ping-pong (every cluster's links are
+alike; the all-reduces it predicts never enter the fit), and predicts every measured point
+with the algorithm's coefficients (dist_sgd.scale.costmodel; gloo's all-reduce is a ring).
+Capped to keep the run under 20 minutes: naive at 8 and 16 nodes stops at 4 MiB (one 16 MiB
+sample would take 20 and 40 s; its 1-4 MiB points already test its line).
+"""
+import sys
+
+import torch
+import torch.distributed as dist
+
+from dist_sgd.bench import common, nodes
+from dist_sgd.plumbing.timing import summarize, time_alternating
+from dist_sgd.scale import costmodel
+
+NAME = "netscale"
+KiB, MiB = 2 ** 10, 2 ** 20
+ALGORITHMS = ("gloo", "ring", "halving_doubling", "tree", "naive")
+MODEL_OF = {"gloo": "ring"}  # the cost model's line for each algorithm (gloo: a ring)
+TOLERANCE = {"gloo": 0.10, "ring": 0.10, "halving_doubling": 0.10, "tree": 0.20, "naive": 0.20}
+CAPS = {("naive", 8): 4 * MiB, ("naive", 16): 4 * MiB}  # the largest size timed
+
+
+def settings(quick):
+    if quick:
+        return {"nodes": (2, 4), "sizes": (4 * KiB, 64 * KiB, 1 * MiB),
+                "pp": {2: nodes.QUICK_PING_PONG, "other": (KiB, MiB)},
+                "repeats": lambda n: 2}
+    return {"nodes": (2, 4, 8, 16), "sizes": tuple(4 ** k * KiB for k in range(8)),
+            # the fit's ping-pong in the 2-node cluster, 1 KiB .. 16 MiB; elsewhere a check
+            # that the links are the same
+            "pp": {2: (64,) + tuple(4 ** k * KiB for k in range(8)), "other": (KiB, 64 * KiB, MiB)},
+            "repeats": lambda n: 9 if n <= 256 * KiB else (5 if n <= 4 * MiB else 3)}
+
+
+def timed(algorithm, nbytes, p):
+    return nbytes <= CAPS.get((algorithm, p), float("inf"))
+
+
+def _all_reduce(name):
+    from dist_sgd.comm.collectives import all_reduce
+
+    if name == "gloo":
+        return dist.all_reduce
+    return lambda t: all_reduce(t, algorithm=name)
+
+
+def _node_work(rank, world_size, quick):
+    """In every node (one rank each): checks, ping-pong, then every all-reduce at every size."""
+    from dist_sgd.comm.p2p import ping_pong
+    from dist_sgd.plumbing.check import max_diff
+
+    s = settings(quick)
+    fns = {name: _all_reduce(name) for name in ALGORITHMS}
+    inputs = [torch.randn(1001 + 4 * world_size, generator=torch.Generator().manual_seed(r))
+              for r in range(world_size)]
+    expected = torch.stack(inputs).sum(0)
+    diffs = {}
+    for name, fn in fns.items():
+        t = inputs[rank].clone()
+        fn(t)
+        diffs[name] = max_diff(t, expected)
+    sizes = s["pp"].get(world_size, s["pp"].get("other", ()))
+    out = {"nodes": world_size, "diffs": diffs, "ping-pong": ping_pong(list(sizes), 5)}
+    out["all-reduce"] = {}
+    for n in s["sizes"]:
+        buffers = {name: torch.ones(n // 4) for name in ALGORITHMS if timed(name, n, world_size)}
+        samples = time_alternating({name: (lambda f=fns[name], b=b: f(b))
+                                    for name, b in buffers.items()}, s["repeats"](n), warmup=1)
+        if rank == 0:
+            print(f"  {world_size} nodes, {costmodel.human_bytes(n)}: " + ", ".join(
+                f"{a} {summarize(v)['median'] * 1e3:.1f} ms" for a, v in samples.items()),
+                flush=True)
+        out["all-reduce"].update({(name, n): v for name, v in samples.items()})
+    return out
+
+
+def _rows(out):
+    rows = []
+    p = out["nodes"]
+    for r in out["ping-pong"]:
+        rows.append({"part": "ping-pong", "nodes": p, "algorithm": "one way", "bytes": r["bytes"],
+                     "seconds": r["seconds"], "min": r["min"], "max": r["max"], "max_diff": ""})
+    for (name, n), samples in out["all-reduce"].items():
+        s = summarize(samples)
+        rows.append({"part": "all-reduce", "nodes": p, "algorithm": name, "bytes": n,
+                     "seconds": s["median"], "min": s["min"], "max": s["max"],
+                     "max_diff": out["diffs"][name]})
+    return rows
+
+
+def with_model(rows):
+    """Add the model's prediction to every row, from the one fit of the 2-node ping-pong."""
+    alpha, beta = fit(rows)
+    for r in rows:
+        algorithm = MODEL_OF.get(r["algorithm"], r["algorithm"])
+        r["model"] = (alpha + beta * r["bytes"] if r["part"] == "ping-pong" else
+                      costmodel.predict_all_reduce(algorithm, r["bytes"], r["nodes"], alpha, beta)
+                      if r["part"] == "all-reduce" else "")
+    return rows
+
+
+def measure(quick=False):
+    s, rows, left = settings(quick), [], []
+    for p in s["nodes"]:
+        print(f"  {p} nodes at {nodes.RATE}/s per link", flush=True)
+        out, leftover = nodes.on_nodes(__name__, p, quick)
+        rows += _rows(out)
+        left.append(leftover)
+    rows = with_model(rows)
+    rows.append({"part": "left behind", "nodes": "", "algorithm": " ".join(
+        x for x in left if x != "nothing") or "nothing", "bytes": "", "seconds": "", "min": "",
+        "max": "", "max_diff": "", "model": ""})
+    common.write_csv(NAME, rows, f"{common.machine_facts()}, {nodes.RATE}/s links (tbf, "
+                                 f"{nodes.BURST} B bucket) between network-namespace nodes")
+    return rows
+
+
+def fit_rows(rows):
+    """The ping-pong rows the model is fitted to: the 2-node cluster's (nodes.fit_alpha_beta
+    keeps <= 1 KiB and >= 2 MiB of them)."""
+    return [r for r in rows if r["part"] == "ping-pong" and r["nodes"] == 2]
+
+
+def fit(rows):
+    return nodes.fit_alpha_beta(fit_rows(rows))
+
+
+def _table(rows):
+    return {(r["algorithm"], r["nodes"], r["bytes"]): r for r in rows if r["part"] == "all-reduce"}
+
+
+def summary(rows):
+    """The numbers the figure stands for: {name: value}, computed from the rows alone."""
+    ar, rate = _table(with_model(rows)), nodes.link_rate()
+    ps = sorted({p for _, p, _ in ar})
+    big = [k for k in ar if k[2] >= MiB]
+    bus = {a: min(costmodel.bus_bandwidth(n, p, ar[a, p, n]["seconds"]) / rate
+                  for b, p, n in big if b == a) for a in ("gloo", "ring")}
+    ratio = max(ar["ring", p, n]["seconds"] / ar["gloo", p, n]["seconds"]
+                for a, p, n in big if a == "ring" and ("gloo", p, n) in ar)
+    error = {a: max((abs(ar[k]["model"] / ar[k]["seconds"] - 1), k) for k in big if k[0] == a)
+             for a in ALGORITHMS if any(k[0] == a for k in big)}
+    crossover = {}
+    for p in ps:  # the sizes at which the tree beat the ring, measured and in the model
+        sizes = sorted(n for a, q, n in ar if a == "tree" and q == p and ("ring", p, n) in ar)
+        crossover[p] = tuple([n for n in sizes if ar["tree", p, n][k] < ar["ring", p, n][k]]
+                             for k in ("seconds", "model"))
+    return {"bus": bus, "ring/gloo": ratio, "error": error, "crossover": crossover}
+
+
+def report(rows):
+    rows = with_model(rows)  # from the fit of these rows (a CSV's model column may be older)
+    alpha, beta = fit(rows)
+    rate, pp = nodes.link_rate(), [r for r in rows if r["part"] == "ping-pong"]
+    print(f"ping-pong, 2 nodes (<= 1 KiB, >= 2 MiB): alpha = {alpha * 1e6:.0f} us, "
+          f"1/beta = {8 / beta / 1e6:.1f} Mbit/s = {1 / beta / rate:.1%} of the link's rate "
+          f"(TCP's ceiling: {nodes.link_goodput(rate * 8) / rate:.1%})")
+    ar = _table(rows)
+    for p in sorted({q for _, q, _ in ar}):
+        print(f"{p} nodes: all-reduce median ms, model ms in brackets, bus bandwidth % of the link")
+        for n in sorted({m for _, q, m in ar if q == p}):
+            cells = [f"{a} {ar[a, p, n]['seconds'] * 1e3:8.1f} [{ar[a, p, n]['model'] * 1e3:8.1f}]"
+                     f" {costmodel.bus_bandwidth(n, p, ar[a, p, n]['seconds']) / rate:4.0%}"
+                     for a in ALGORITHMS if (a, p, n) in ar]
+            print(f"  {costmodel.human_bytes(n):>7s}  " + " | ".join(cells))
+    worst = max(r["max_diff"] for r in ar.values())
+    print(f"every all-reduce vs the single-machine sum: max difference {worst:.1e}")
+    s = summary(rows)
+    print("at >= 1 MiB, every node count:")
+    print("  lowest bus bandwidth: " + ", ".join(f"{a} {v:.1%} of the link's rate"
+                                                for a, v in s["bus"].items()) + " (target >= 90%)")
+    print(f"  our ring / gloo: at most {s['ring/gloo']:.3f}x (target <= 1.05x)")
+    for a, (e, (_, p, n)) in s["error"].items():
+        print(f"  model vs measured, {a:16s}: worst {e:5.1%} ({p} nodes, "
+              f"{costmodel.human_bytes(n)}; target {TOLERANCE[a]:.0%})")
+    for p, (measured, model) in s["crossover"].items():
+        show = lambda ns: ", ".join(costmodel.human_bytes(n) for n in ns) or "none"  # noqa: E731
+        print(f"  tree faster than ring at {p:2d} nodes: measured {show(measured)}; "
+              f"model {show(model)}")
+    left = [r for r in rows if r["part"] == "left behind"][0]["algorithm"]
+    print(f"  left behind after the runs: {left}")
+
+
+def draw():
+    try:
+        rows, facts = common.read_csv(NAME)
+    except FileNotFoundError:
+        print(f"{NAME}: no {NAME}.csv yet (measure it as root first); nothing to draw")
+        return []
+    from dist_sgd.bench import plots  # matplotlib: only where we draw
+
+    rows = with_model(rows)
+    alpha, beta = fit(rows)
+    ar, rate = _table(rows), nodes.link_rate()
+    sizes = sorted({n for _, _, n in ar})
+    fig, axes = plots.figure(3, (len(sizes) + 3) // 3, width=4.6, height=3.7)
+    panels = [ax for row in axes for ax in row]
+    ax = panels[0]
+    pp = sorted((r for r in rows if r["part"] == "ping-pong"), key=lambda r: r["bytes"])
+    for p in sorted({r["nodes"] for r in pp}):
+        mine = [r for r in pp if r["nodes"] == p]
+        ax.plot([r["bytes"] for r in mine], [r["bytes"] / r["seconds"] * 8 / 1e6 for r in mine],
+                "o", ms=4, alpha=0.7, label=f"in the {p}-node cluster")
+    fine = [2 ** (k / 4) for k in range(40, 4 * 24)]
+    ax.plot(fine, [n / (alpha + beta * n) * 8 / 1e6 for n in fine], "k--",
+            label=f"fit: alpha {alpha * 1e6:.0f} us, 1/beta {8 / beta / 1e6:.1f} Mbit/s")
+    ax.axhline(rate * 8 / 1e6, color="gray", ls=":", label=f"link rate ({nodes.RATE}/s)")
+    plots.bytes_axis(ax)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size")
+    ax.set_ylabel("one-way Mbit/s")
+    ax.set_title("ping-pong between nodes 0 and 1", fontsize=9.5)
+    ax.legend(fontsize=6.5)
+    for ax, n in zip(panels[1:], sizes):
+        for a in ALGORITHMS:
+            pts = sorted((v for k, v in ar.items() if k[0] == a and k[2] == n),
+                         key=lambda r: r["nodes"])
+            if not pts:
+                continue
+            x = [r["nodes"] for r in pts]
+            y = [r["seconds"] * 1e3 for r in pts]
+            ax.errorbar(x, y, yerr=[[(r["seconds"] - r["min"]) * 1e3 for r in pts],
+                                    [(r["max"] - r["seconds"]) * 1e3 for r in pts]],
+                        fmt="o", ms=4, capsize=2, color=plots.color(a), label=f"{a} (measured)")
+            ax.plot(x, [r["model"] * 1e3 for r in pts], "--", lw=1, color=plots.color(a))
+        ax.plot([], [], "k--", lw=1, label="model (dashed)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({p for _, p, _ in ar}))
+        ax.set_xticklabels([str(p) for p in sorted({p for _, p, _ in ar})])
+        ax.set_yscale("log")
+        ax.set_xlabel("nodes")
+        ax.set_ylabel("ms per all-reduce")
+        ax.set_title(f"all-reduce of {costmodel.human_bytes(n)}", fontsize=9.5)
+        ax.grid(True, which="both", alpha=0.3)
+        if n == sizes[0]:
+            ax.legend(fontsize=6.5)
+    for ax in panels[1 + len(sizes):]:
+        ax.axis("off")
+    title = (f"All-reduce on 2-16 emulated nodes, {nodes.RATE}/s links: measured (points) and the "
+             "alpha-beta model fitted to the ping-pong (dashed)")
+    return [plots.finish(fig, NAME, title, facts,
+                         note="medians of alternated samples, whiskers min-max; gloo's model is "
+                              "the ring's; naive capped at 4 MiB at 8 and 16 nodes")]
+
+
+if __name__ == "__main__":
+    nodes.node_main(_node_work, sys.argv[1:])

@@ -1,0 +1,245 @@
+"""The network benchmarks (bench/netscale, nettrain, netaccuracy, nodes): what they compute
+from known data, their figures, and (as root) one run inside emulated nodes.
+
+Reports and figures are checked from rows made with known numbers (no root, no timing); the
+node part of netscale runs over loopback at world size 3 (every algorithm against the
+single-machine sum); the cluster-backed test skips without root, as tests/test_cluster.py.
+"""
+import os
+
+import pytest
+
+from dist_sgd.bench import netaccuracy, netscale, nettrain, nodes
+from dist_sgd.plumbing.launch import launch
+from dist_sgd.scale import cluster, costmodel
+
+KiB, MiB = 2 ** 10, 2 ** 20
+ALPHA, BETA = 300e-6, 8 / 96e6  # 300 us, 96 Mbit/s
+PROBLEM = cluster.privilege_problem()
+
+
+@pytest.fixture
+def figures(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIST_SGD_FIGURES", str(tmp_path))  # never figures/ of the checkout
+    return tmp_path
+
+
+# ---- nodes: the fit ignores what tbf's bucket distorts --------------------------------------
+
+def test_the_fit_ignores_the_sizes_the_token_bucket_speeds_up():
+    rows = [{"bytes": n, "seconds": ALPHA + BETA * n} for n in nodes.PING_PONG]
+    # 64 KiB and 1 MiB as tbf shows them after a pause: far faster than the line
+    rows += [{"bytes": 64 * KiB, "seconds": (ALPHA + BETA * 64 * KiB) / 3},
+             {"bytes": MiB, "seconds": (ALPHA + BETA * MiB) / 1.07}]
+    alpha, beta = nodes.fit_alpha_beta(rows)
+    assert alpha == pytest.approx(ALPHA, rel=1e-6) and beta == pytest.approx(BETA, rel=1e-6)
+
+
+def test_tcp_goodput_of_a_link():
+    assert nodes.link_goodput(100e6) == pytest.approx(12.5e6 * 1448 / 1514)
+
+
+# ---- netscale ---------------------------------------------------------------------------
+
+def _netscale_rows(factor):
+    """Ping-pong on the line; every all-reduce = the model x factor[algorithm]."""
+    rows = [{"part": "ping-pong", "nodes": 2, "algorithm": "one way", "bytes": n,
+             "seconds": ALPHA + BETA * n, "min": 0, "max": 0, "max_diff": ""}
+            for n in nodes.PING_PONG]
+    for p in (2, 4, 8, 16):
+        for n in (4 * KiB, 64 * KiB, MiB, 4 * MiB):
+            for a in netscale.ALGORITHMS:
+                if not netscale.timed(a, n, p):
+                    continue
+                t = costmodel.predict_all_reduce(netscale.MODEL_OF.get(a, a), n, p, ALPHA, BETA)
+                # the given factor at 16 nodes, half as far from 1 elsewhere: one worst point
+                f = factor[a] if p == 16 else 1 + (factor[a] - 1) / 2
+                t *= f if n >= MiB else 1.0
+                rows.append({"part": "all-reduce", "nodes": p, "algorithm": a, "bytes": n,
+                             "seconds": t, "min": 0.9 * t, "max": 1.1 * t, "max_diff": 1e-7})
+    rows = netscale.with_model(rows)
+    rows.append({"part": "left behind", "nodes": "", "algorithm": "nothing", "bytes": "",
+                 "seconds": "", "min": "", "max": "", "max_diff": "", "model": ""})
+    return rows
+
+
+FACTORS = {"gloo": 1.0, "ring": 1.04, "halving_doubling": 1.08, "tree": 1.15, "naive": 0.9}
+
+
+def test_netscale_model_errors_bus_bandwidth_and_ratio_from_known_rows():
+    s = netscale.summary(_netscale_rows(FACTORS))
+    for a, f in FACTORS.items():  # |model / measured - 1|, the worst over every >= 1 MiB point
+        assert s["error"][a][0] == pytest.approx(abs(1 / f - 1), rel=1e-6), a
+        assert f == 1.0 or s["error"][a][1][1] == 16, s["error"][a]  # where: at 16 nodes
+    assert s["ring/gloo"] == pytest.approx(1.04)
+    # gloo on the model's ring: the lowest bus bandwidth is at 16 nodes and 1 MiB (most alphas)
+    t = costmodel.predict_all_reduce("ring", MiB, 16, ALPHA, BETA)
+    bus = costmodel.bus_bandwidth(MiB, 16, t) / nodes.link_rate()
+    assert s["bus"]["gloo"] == pytest.approx(bus)
+
+
+def test_netscale_finds_the_tree_ring_crossover_in_the_measurements():
+    s = netscale.summary(_netscale_rows(FACTORS))
+    for p in (2, 4, 8, 16):
+        measured, model = s["crossover"][p]
+        assert measured == model  # the measurements are the model here (below 1 MiB)
+    ring = costmodel.predict_all_reduce("ring", 4 * KiB, 16, ALPHA, BETA)
+    tree = costmodel.predict_all_reduce("tree", 4 * KiB, 16, ALPHA, BETA)
+    assert (4 * KiB in s["crossover"][16][0]) == (tree < ring) and tree < ring
+    assert MiB not in s["crossover"][16][0]
+
+
+def test_netscale_report_and_figure(figures, capsys):
+    from dist_sgd.bench import common
+
+    common.write_csv(netscale.NAME, _netscale_rows(FACTORS), "2 cores (test), no GPU")
+    rows, _ = common.read_csv(netscale.NAME)
+    netscale.report(rows)
+    out = capsys.readouterr().out
+    assert f"alpha = {ALPHA * 1e6:.0f} us, 1/beta = 96.0 Mbit/s" in out, out
+    assert "our ring / gloo: at most 1.040x" in out, out
+    assert "halving_doubling: worst  7.4%" in out, out
+    assert "left behind after the runs: nothing" in out
+    (png,) = netscale.draw()
+    assert os.path.getsize(png) > 20_000
+
+
+def _node_work_over_loopback(rank, world_size):
+    netscale.CAPS[("naive", world_size)] = 64 * KiB  # a cap applies to naive only
+    return netscale._node_work(rank, world_size, True)
+
+
+def test_netscale_node_part_checks_and_times_every_algorithm():
+    out = launch(_node_work_over_loopback, 3, backend="gloo")[0]  # 3: uneven chunks
+    assert set(out["diffs"]) == set(netscale.ALGORITHMS)
+    assert all(d <= 1e-5 for d in out["diffs"].values()), out["diffs"]
+    sizes = netscale.settings(True)["sizes"]
+    timed = {k for k in out["all-reduce"]}
+    assert timed == {(a, n) for a in netscale.ALGORITHMS for n in sizes
+                     if a != "naive" or n <= 64 * KiB}
+    assert all(len(v) == 2 and min(v) > 0 for v in out["all-reduce"].values())
+    assert [r["bytes"] for r in out["ping-pong"]] == list(netscale.settings(True)["pp"]["other"])
+
+
+# ---- nettrain ---------------------------------------------------------------------------
+
+def _nettrain_rows():
+    rows = [{"part": "ping-pong", "nodes": 2, "name": "one way", "bytes": n,
+             "seconds": ALPHA + BETA * n, "min": 0, "max": 0, "batch": "", "detail": ""}
+            for n in nodes.PING_PONG]
+    grads, buckets = [4000, 400_000, 4_400_000, 5120], [1_100_000, 3_709_120]
+    psgd = [360, 80_000, 70_000]
+    for p in (1, 2, 4, 8):
+        parts = {"compute": 0.040 * (1 + p / 4), "forward": 0.010 * (1 + p / 4),
+                 "compute + PowerSGD arithmetic": 0.050 * (1 + p / 4)}
+        for name, t in parts.items():
+            rows.append({"part": "alone", "nodes": p, "name": name, "bytes": "", "seconds": t,
+                         "min": t, "max": t, "batch": 32, "detail": ""})
+        for name, detail in (("average_gradients", grads), ("our DDP", buckets),
+                             ("torch DDP", buckets), ("our DDP + PowerSGD", psgd),
+                             (nettrain.STRATEGIES[-1], [sum(grads)])):
+            rows.append({"part": "step", "nodes": p, "name": name, "bytes": sum(detail),
+                         "seconds": 0.5, "min": 0.5, "max": 0.5, "batch": 32,
+                         "detail": " ".join(map(str, detail))})
+    return rows
+
+
+def test_nettrain_model_from_the_parts_measured_alone():
+    rows = _nettrain_rows()
+    pred = nettrain.predict(rows, ALPHA, BETA)
+
+    def ring(n, p):  # the ring's cost written out: 2(p-1) messages of n/p bytes
+        return 2 * (p - 1) * (ALPHA + n / p * BETA)
+    for p in (1, 2, 4, 8):
+        c, f, cp = 0.040 * (1 + p / 4), 0.010 * (1 + p / 4), 0.050 * (1 + p / 4)
+        grads = [4000, 400_000, 4_400_000, 5120]
+        assert pred["average_gradients", p] == pytest.approx(c + sum(ring(n, p) for n in grads))
+        comm = ring(1_100_000, p) + ring(3_709_120, p)
+        assert pred["our DDP", p] == pytest.approx(f + max(c - f, comm))  # overlap: backward
+        assert pred["torch DDP", p] == pred["our DDP", p]
+        assert pred["our DDP + PowerSGD", p] == pytest.approx(
+            cp + ring(360, p) + ring(80_000, p) + ring(70_000, p))
+        assert pred[nettrain.STRATEGIES[-1], p] == pytest.approx(c + ring(sum(grads), p) / 8)
+    assert pred["our DDP", 1] == pytest.approx(0.040 * 1.25)  # one node: only compute
+    assert pred["our DDP", 8] > 0.010 * 3 + 0.030 * 3  # communication longer than backward
+
+
+def test_nettrain_efficiency_separates_the_cpu_from_the_link():
+    eff = nettrain.efficiency(_nettrain_rows())
+    one = 0.040 * 1.25
+    for p in (1, 2, 4, 8):
+        e, cpu = eff["our DDP", p]
+        assert e == pytest.approx(one / 0.5) and cpu == pytest.approx(one / (0.040 * (1 + p / 4)))
+
+
+def test_nettrain_report_and_figure(figures, capsys):
+    from dist_sgd.bench import common
+
+    rows = nettrain.with_model(_nettrain_rows())
+    rows.append({"part": "left behind", "nodes": "", "name": "nothing", "bytes": "", "seconds": "",
+                 "min": "", "max": "", "batch": "", "detail": "", "model": ""})
+    common.write_csv(nettrain.NAME, rows, "2 cores (test), no GPU")
+    rows, _ = common.read_csv(nettrain.NAME)
+    nettrain.report(rows)
+    out = capsys.readouterr().out
+    t = {(r["name"], r["nodes"]): r for r in rows if r["part"] == "step"}
+    worst = max(abs(r["model"] / r["seconds"] - 1) for r in t.values())
+    assert f"worst {worst:.1%}" in out, out
+    assert "left behind after the runs: nothing" in out
+    (png,) = nettrain.draw()
+    assert os.path.getsize(png) > 20_000
+
+
+# ---- netaccuracy ------------------------------------------------------------------------
+
+def _curves():
+    acc = {"synchronous DDP": [0.70, 0.79, 0.81, 0.84], "PowerSGD": [0.65, 0.78, 0.80, 0.83],
+           "local SGD (H = 8)": [0.70, 0.80, 0.82, 0.835],
+           "DiLoCo (H = 24)": [0.6, 0.7, 0.75, 0.78]}
+    per_step = {"synchronous DDP": (0.12, 100e3), "PowerSGD": (0.03, 10e3),
+                "local SGD (H = 8)": (0.02, 12e3), "DiLoCo (H = 24)": (0.015, 3e3)}
+    return {m: [{"step": 72 * (i + 1), "seconds": 72 * (i + 1) * per_step[m][0],
+                 "bytes": 72 * (i + 1) * per_step[m][1], "accuracy": a, "loss": 1 - a}
+                for i, a in enumerate(acc[m])] for m in acc}
+
+
+def test_netaccuracy_time_and_bytes_to_the_target_are_the_first_crossing():
+    s = netaccuracy.summary(netaccuracy.rows_of(_curves()))
+    assert netaccuracy.TARGET == 0.80
+    assert s["synchronous DDP"]["step"] == 216
+    assert s["synchronous DDP"]["seconds"] == pytest.approx(216 * 0.12)
+    assert s["PowerSGD"]["bytes"] == pytest.approx(216 * 10e3)
+    assert s["local SGD (H = 8)"]["step"] == 144  # 0.80 counts: >= the target
+    assert s["DiLoCo (H = 24)"]["seconds"] is None and s["DiLoCo (H = 24)"]["final"] == 0.78
+
+
+def test_netaccuracy_report_and_figure(figures, capsys):
+    from dist_sgd.bench import common
+
+    rows = netaccuracy.rows_of(_curves())
+    rows.append({"part": "left behind", "method": "nothing", "step": "", "seconds": "", "bytes": "",
+                 "accuracy": "", "loss": ""})
+    common.write_csv(netaccuracy.NAME, rows, "2 cores (test), no GPU")
+    rows, _ = common.read_csv(netaccuracy.NAME)
+    netaccuracy.report(rows)
+    out = capsys.readouterr().out
+    assert "local SGD (H = 8)      2.9 s,    1.73 MB per node (step 144)" in out, out
+    assert "DiLoCo (H = 24)    not reached" in out and "-6.0 points vs synchronous" in out, out
+    (png,) = netaccuracy.draw()
+    assert os.path.getsize(png) > 20_000
+
+
+# ---- inside emulated nodes (root) -------------------------------------------------------
+
+@pytest.mark.skipif(PROBLEM is not None, reason=f"no cluster here: {PROBLEM}")
+def test_netscale_runs_inside_two_nodes_and_leaves_nothing_behind():
+    out, left = nodes.on_nodes("dist_sgd.bench.netscale", 2, quick=True)
+    assert left == "nothing"
+    assert out["nodes"] == 2 and all(d <= 1e-5 for d in out["diffs"].values()), out["diffs"]
+    rows = netscale.with_model(netscale._rows(out))
+    assert all(r["model"] > 0 for r in rows)
+    # 1 MiB over a 100 Mbit/s link: no faster than the link (TCP's ceiling + the bucket's 70 KB)
+    big = [r for r in rows if r["part"] == "all-reduce" and r["bytes"] == MiB]
+    fastest = (MiB - nodes.BURST) / nodes.link_goodput(100e6)
+    assert all(r["seconds"] > 0.9 * fastest for r in big), big
+    assert not [n for n in cluster.ours() if str(os.getpid()) in n]
