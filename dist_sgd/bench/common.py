@@ -41,3 +41,12 @@ def over_world_sizes(name, worker, world_sizes, *args, finish=None):
                              + (f"; {name}.csv holds {kept} (--redraw {name} draws it)" if rows else "")
                              + f"\n{detail}")
     return rows
+
+
+def measured_as_root(name):
+    """(rows, facts) of figures/<name>.csv, or None, said, when nobody has measured it as root."""
+    try:
+        return read_csv(name)
+    except FileNotFoundError:
+        print(f"{name}: no {name}.csv yet (measure it as root first); nothing to draw")
+        return None

@@ -191,11 +191,9 @@ def report(rows):
 
 
 def draw():
-    try:
-        rows, facts = common.read_csv(NAME)
-    except FileNotFoundError:
-        print(f"{NAME}: no {NAME}.csv yet (measure it as root first); nothing to draw")
+    if (measured := common.measured_as_root(NAME)) is None:
         return []
+    rows, facts = measured
     from dist_sgd.bench import plots  # matplotlib: only where we draw
 
     s = summary(rows)

@@ -258,17 +258,22 @@ def all_gather(tensor_list, tensor):
         _copy_back(t, flat)
 
 
+def _rooted(what, tensor, root, root_name, tensors):
+    """The checks gather and scatter share: only the root passes a list."""
+    _check_tensor(tensor, "tensor")
+    rank, size = world("dist_sgd.comm.collectives")
+    _check_rank(root, root_name, size)
+    _same_everywhere(what, tensor)
+    if rank != root and tensors:
+        raise ValueError(f"{what}_list must be None (or empty) on ranks other than {root_name}")
+    return rank, size, Link(what)
+
+
 @torch.no_grad()
 def gather(tensor, gather_list=None, dst=0):
     """Everyone's tensor into dst's gather_list (entry i from rank i); others pass None."""
-    _check_tensor(tensor, "tensor")
-    rank, size = world("dist_sgd.comm.collectives")
-    _check_rank(dst, "dst", size)
-    _same_everywhere("gather", tensor)
-    link = Link("gather")
+    rank, size, link = _rooted("gather", tensor, dst, "dst", gather_list)
     if rank != dst:
-        if gather_list:
-            raise ValueError("gather_list must be None (or empty) on non-destination ranks")
         link.send(_flat(tensor), dst, chunk=rank)
         return
     _check_list(gather_list, "gather_list", tensor, size)
@@ -285,14 +290,8 @@ def gather(tensor, gather_list=None, dst=0):
 @torch.no_grad()
 def scatter(tensor, scatter_list=None, src=0):
     """src's scatter_list[i] into rank i's tensor; others pass None."""
-    _check_tensor(tensor, "tensor")
-    rank, size = world("dist_sgd.comm.collectives")
-    _check_rank(src, "src", size)
-    _same_everywhere("scatter", tensor)
-    link = Link("scatter")
+    rank, size, link = _rooted("scatter", tensor, src, "src", scatter_list)
     if rank != src:
-        if scatter_list:
-            raise ValueError("scatter_list must be None (or empty) on non-source ranks")
         flat = _flat(tensor)
         link.recv(flat, src, chunk=rank)
         _copy_back(tensor, flat)

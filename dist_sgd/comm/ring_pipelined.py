@@ -9,7 +9,7 @@ reduce-scatter's last step already sends the first chunk of the all-gather.
 
 Why it exists: it was tuned for big tensors on loopback gloo, where it was measured faster
 than a first plain ring (whose sends went out before its receives were posted). Measured
-since, in one harness against gloo on this 2-core machine (issue 8; worst ratio over 1-64
+since, in one harness against gloo on this 2-core machine (worst ratio over 1-64
 MiB): p=2 plain ring 1.38x gloo's time, pipelined 1.73x and 1.97x in two runs; p=4 2.58x and
 2.16x. Here both are bound by Python and the scheduler, not by the ring's shape, so the
 lessons and tests use the textbook ring; the benchmark measures both (see the README).

@@ -68,7 +68,7 @@ class Link:
         recvs and sends are lists of (tensor, peer, chunk). Receives go first: gloo's TCP
         transport writes a send from the caller's thread, and data for a receive not yet
         posted waits, so with the send first the two directions of a link take turns; with
-        the receive already posted they run at once (issue 10: a ring step twice as fast on
+        the receive already posted they run at once (lesson 11: a ring step twice as fast on
         a shaped link). NCCL needs a send and a receive between the same two ranks launched
         together, else each waits for the other's partner forever: batch_isend_irecv.
         """
