@@ -1,48 +1,17 @@
 """When a rank dies: torchrun restarts the group from the latest checkpoint and the run ends
-with the weights of a run never interrupted; peer recovery replaces the rank without a restart
+with the weights of a run never interrupted (lesson 14's run in test_lessons checks its own;
+here a plain script killed twice); peer recovery replaces the rank without a restart
 and every rank ends equal; a real bug is still reported, not "recovered" forever."""
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from dist_sgd.faults.chaos import kill_a_worker
 from dist_sgd.faults.peer_recovery import current_group, run_with_peer_recovery
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LESSON = os.path.join(ROOT, "lessons", "14_fault_tolerance.py")
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-
-
-def digest_of(output):
-    lines = [line for line in output.splitlines() if "final weights sha256:" in line]
-    assert lines, output[-3000:]
-    return lines[-1].split()[-1]
-
-
-def test_kill_and_restart_under_torchrun_ends_with_the_uninterrupted_hash(tmp_path):
-    args = ["--steps", "16", "--checkpoint-every", "4", "--quick"]
-    straight = subprocess.run([sys.executable, LESSON, *args, "--checkpoint-dir", str(tmp_path / "a"),
-                               "--world-size", "2"], capture_output=True, text=True, env=ENV,
-                              timeout=300)
-    assert straight.returncode == 0, straight.stdout[-3000:] + straight.stderr[-3000:]
-    ckpt = tmp_path / "b"
-    os.makedirs(ckpt)
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc-per-node", "2", "--max-restarts", "3", LESSON, *args,
-                             "--checkpoint-dir", str(ckpt)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=ENV)
-    try:
-        done, _ = kill_a_worker(proc, os.path.join(ckpt, "progress"), after_step=6)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, out[-3000:]
-    assert "resumed from step 4" in out or (done >= 8 and "resumed from step" in out), out[-3000:]
-    assert digest_of(out) == digest_of(straight.stdout)
 
 
 def sum_steps(rank, world_size, steps, fail_on_rank=None):
@@ -63,9 +32,11 @@ def sum_steps(rank, world_size, steps, fail_on_rank=None):
     return state["total"], group.generation
 
 
-@pytest.mark.parametrize("world_size,victim", [(2, 1), (3, 0)])
+# World size 3 and rank 0 (the rank that hands out the state) as the victim; lesson 14's own
+# test (test_lessons) recovers a rank at world size 2, and kills and restarts one under torchrun.
+@pytest.mark.parametrize("world_size,victim", [(3, 0)])
 def test_peer_recovery_replaces_a_dead_rank_and_all_ranks_end_equal(world_size, victim):
-    steps = 400
+    steps = 120
     results, events = run_with_peer_recovery(sum_steps, world_size, args=(steps,),
                                              kill=(victim, 40), timeout=120)
     assert [total for total, _ in results] == [steps * (steps + 1) / 2] * world_size

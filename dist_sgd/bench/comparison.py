@@ -21,7 +21,9 @@ def measure(quick=False):
     """Run lesson 09 at world size 2 (its output goes by); return the rows it wrote."""
     if not os.path.exists(LESSON):
         raise common.Skip(f"{os.path.normpath(LESSON)} is not there (an installed package?)")
-    env = dict(os.environ, DIST_SGD_FIGURES=common.folder())
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))  # this checkout's
+    env = dict(os.environ, DIST_SGD_FIGURES=common.folder(), PYTHONPATH=path)
     subprocess.run([sys.executable, LESSON, "--world-size", "2", "--save-figures",
                     *(["--quick"] if quick else [])], env=env, check=True)
     return load()
