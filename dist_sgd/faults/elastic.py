@@ -120,6 +120,23 @@ def membership_change(cluster, watch, node, progress, cmd=None, size=None, timeo
     return row
 
 
+def describe(row, timeout):
+    """One sentence on what a membership change cost (a row of membership_change)."""
+    if row["resumed"] == "":
+        return (f"{row['change']} after step {row['after_step']}: the job ended {row['seconds']} s "
+                f"later, no node left to host the rendezvous ({row['exit']})")
+    noticing = f" (up to {timeout:g} s of it noticing)" if "removed" in row["change"] else ""
+    return (f"{row['change']} after step {row['after_step']}: resumed from step {row['resumed']} "
+            f"at world size {row['world_size']}, {row['repeated']} steps repeated, "
+            f"{row['seconds']} s from the change to the resumed step{noticing}, "
+            f"{row['reload_s']} s of it reloading")
+
+
+def store_command(port):
+    """What the store's own machine runs (see host_store)."""
+    return [sys.executable, "-m", "dist_sgd.faults.elastic", "--store", str(port)]
+
+
 def host_store(port, seconds=3600):
     """Host a TCPStore on every address of this machine at `port` until killed: the rendezvous
     store of a job whose training nodes may all come and go."""
