@@ -168,7 +168,7 @@ def without_a_cluster(args, tmp, why):
 
 def main():
     parser = lesson_parser(__doc__, world_size=3, save_figures=True)
-    parser.add_argument("--steps", type=int, help="steps to train (default 400; --quick: 120)")
+    parser.add_argument("--steps", type=int, help="steps to train (default 200; --quick: 120)")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between them")
     parser.add_argument("--hidden", type=int, default=256, help="MLP width (gradient bytes)")
     parser.add_argument("--step-time", type=float, default=0.2, help="seconds a step takes "
@@ -176,7 +176,7 @@ def main():
     parser.add_argument("--rate", default="100mbit", help="each link's speed")
     parser.add_argument("--checkpoint-dir", help="train once, resuming from DIR's latest")
     args = parser.parse_args()
-    args.steps = args.stop = args.steps or (120 if args.quick else 400)
+    args.steps = args.stop = args.steps or (120 if args.quick else 200)
     args.data = get_dataset("auto", quiet=bool(args.checkpoint_dir)).name
     if args.checkpoint_dir or under_torchrun():  # one elastic training run, in a node
         return launch(run, None, args, timeout=TIMEOUT)
