@@ -28,7 +28,10 @@ The lesson builds 4 emulated nodes (lesson 11's network namespaces, 100 Mbit/s l
      every other node's torchrun fails: the job is over;
   3. the remedy: the store on a host that does not train (node 3 here; etcd or a small store
      service on a real cluster): now node 0 is lost like any other node, and the job goes on.
-For each change it prints what it cost. torchrun's timeouts are shortened (detection of a dead
+Each step takes at least --step-time seconds on the nodes (a sleep standing for a real model's
+compute: here a step is a few milliseconds, and a change must cost less than a job's length).
+--world-size P trains on P nodes (nnodes P-1:P; default 3). For each change it prints what it
+cost. torchrun's timeouts are shortened (detection of a dead
 node 15 s -> 3 s, last call 30 s -> 1 s; see dist_sgd/faults/elastic.py) and the collectives
 time out after 10 s: real jobs keep longer ones. Without root (no namespaces) the lesson runs
 the arithmetic alone on this machine, 3 ranks, then 2, then 3, through checkpoints, and shows
@@ -48,17 +51,18 @@ Exercises:
   3. Give the collectives a 60 s timeout (the launch call in main): what does removing a node
      cost then, and which part of the cost grew?
 """
+import copy
 import os
-import sys
 import tempfile
 import time
 
 import torch
 import torch.nn.functional as F
 
-from dist_sgd.faults.chaos import read_step, write_step
+from dist_sgd.faults.chaos import write_step
 from dist_sgd.faults.checkpoint import load_checkpoint, save_checkpoint
-from dist_sgd.faults.elastic import Watch, membership_change, shown, torchrun_elastic
+from dist_sgd.faults.elastic import (Watch, describe, membership_change, shown, store_command,
+                                     torchrun_elastic)
 from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.figures import machine_facts, read_csv, write_csv
 from dist_sgd.plumbing.launch import launch, lesson_parser
@@ -70,7 +74,7 @@ from dist_sgd.sgd.optim import SGD
 from dist_sgd.sgd.sync import average_gradients
 
 GLOBAL_BATCH, SEED, LR, PORT, TIMEOUT = 60, 17, 0.05, 29400, 10.0
-ROUNDING = 1e-4  # float32 sums split another way, through a few hundred steps (see docstring)
+ROUNDING = 1e-5  # float32 sums split another way, through a few hundred steps (see docstring)
 
 
 def batch(step, n, rank, world_size):
@@ -92,7 +96,7 @@ def run(rank, world_size, args):
     log(f"world size {world_size}: " + (f"{state['resumed']} (reload "
         f"{time.perf_counter() - start:.2f} s)" if state else "starting at step 0"))
     while step < args.stop:
-        idx = batch(step, len(images), rank, world_size)
+        began, idx = time.perf_counter(), batch(step, len(images), rank, world_size)
         opt.zero_grad()
         loss = F.nll_loss(model(images[idx]), labels[idx], reduction="sum")
         (loss * world_size / GLOBAL_BATCH).backward()  # averaged: the global batch's mean
@@ -103,6 +107,7 @@ def run(rank, world_size, args):
         if step % args.checkpoint_every == 0 or step == args.stop:
             save_checkpoint(args.checkpoint_dir, step, model, opt, items=step * GLOBAL_BATCH)
             log(f"step {step} at world size {world_size}")
+        time.sleep(max(0.0, args.step_time - (time.perf_counter() - began)))  # "compute"
 
 
 def final_weights(args, folder):
@@ -111,96 +116,84 @@ def final_weights(args, folder):
 
 
 def on_the_cluster(args, tmp):
-    """The three acts on world_size training nodes and one more that can host a store."""
-    p, rows = args.world_size, []
-    acts = [(f"node {p - 1} lost, then back", "node0"), ("node 0, the store's host, lost",
-            "node0"), (f"node 0 lost, the store on node {p}", f"node{p}")][:1 if args.quick else 3]
+    """The acts on p training nodes and one more that can host a store: (lost node, store)."""
+    p, rows, every = args.world_size, [], 2 * args.checkpoint_every
+    acts = [(p - 1, "node0"), (0, "node0"), (0, f"node{p}")][:1 if args.quick else 3]
+    flags = [f"--{k.replace('_', '-')}={getattr(args, k)}"
+             for k in ("steps", "checkpoint_every", "hidden", "step_time")]
     with Cluster(p + 1, rate=args.rate) as c:
         watch = Watch(echo=r"world size \d+: |step \d*[05]0 |RendezvousConnectionError")
-        for number, (title, endpoint) in enumerate(acts, 1):
-            folder = os.path.join(tmp, f"act{number}")
-            cmd = torchrun_elastic([__file__, "--steps", str(args.steps), "--checkpoint-dir",
-                                    folder, "--checkpoint-every", str(args.checkpoint_every),
-                                    "--hidden", str(args.hidden)], f"{endpoint}:{PORT}", f"{p - 1}:{p}")
-            log(f"\n{number}. {title}; each training node runs:\n   $ {shown(cmd)}")
-            if endpoint != "node0":  # the store on a node of its own, as etcd would be
-                c.start([sys.executable, "-m", "dist_sgd.faults.elastic", "--store", str(PORT)],
-                        nodes=[p], output=watch)
-            t0, progress = time.monotonic(), os.path.join(folder, "progress")
+        for number, (lost, host) in enumerate(acts, 1):
+            folder, t0 = os.path.join(tmp, f"act{number}"), time.monotonic()
+            cmd = torchrun_elastic([__file__, f"--checkpoint-dir={folder}", *flags],
+                                   f"{host}:{PORT}", f"{p - 1}:{p}")
+            log(f"\n{number}. node {lost} lost{', then back' if number == 1 else ''}, the store "
+                f"on {host}; each training node runs:\n   $ {shown(cmd)}")
+            if host != "node0":  # the store on a node of its own, as etcd would be
+                c.start(store_command(PORT), nodes=[p], output=watch)
             c.start(cmd, nodes=range(p), output=watch)
-            every, lost = 2 * args.checkpoint_every, p - 1 if number == 1 else 0
             watch.wait_for(rf"step (\d+) at world size {p}", t0, until=lambda m: int(m[1]) >= every)
-            log(f"[story] node {lost} removed after step {read_step(progress)}")
-            rows.append(membership_change(c, watch, lost, progress, size=None if number == 2 else p - 1))
-            if number == 1:  # a while on fewer nodes, then the lost node comes back
+            size = None if number == 2 else p - 1  # losing the store's host ends the job
+            rows.append(membership_change(c, watch, lost, f"{folder}/progress", size=size))
+            if number == 1:  # a few steps on fewer nodes, then the lost node comes back
                 watch.wait_for(rf"step (\d+) at world size {p - 1}", rows[-1]["at"],
-                               until=lambda m: int(m[1]) >= rows[-1]["resumed"] + every)
-                log(f"[story] node {lost} added after step {read_step(progress)}")
-                rows.append(membership_change(c, watch, lost, progress, cmd=cmd, size=p))
+                               until=lambda m: int(m[1]) > rows[-1]["resumed"])
+                rows.append(membership_change(c, watch, lost, f"{folder}/progress", cmd, size=p))
             codes = c.wait(nodes=[n for n in range(p) if n != lost or number == 1], timeout=300)
-            rows[-1].update(exit=" ".join(f"node {n}: {code}" for n, code in codes.items()), distance="")
+            rows[-1]["exit"] = " ".join(f"node {n}: {code}" for n, code in codes.items())
             if number == 2:
-                rows[-1].update(seconds=round(time.monotonic() - rows[-1]["at"], 1))
+                rows[-1]["seconds"] = round(time.monotonic() - rows[-1]["at"], 1)
             else:
-                rows[-1].update(distance=max_diff(final_weights(args, folder), args.reference))
-                log(check(f"final weights ({title}) vs the uninterrupted run at {p}",
+                rows[-1]["distance"] = max_diff(final_weights(args, folder), args.reference)
+                log(check(f"final weights (act {number}) vs the uninterrupted run at {p}",
                           rows[-1]["distance"], ROUNDING))
             c.stop()
     log(f"namespaces left behind: {len(set(ours()) & set(c.netns + [c.switch]))}")
     return rows
 
 
-def report(rows):
-    log(f"\nWhat each change cost (the collectives time out after {TIMEOUT:g} s: the part of a "
-        "removal spent noticing it):")
-    for r in rows:
-        if r["resumed"] != "":
-            log(f"   {r['change']} after step {r['after_step']}: resumed from step {r['resumed']} "
-                f"at world size {r['world_size']}, {r['repeated']} steps repeated, {r['seconds']} s"
-                f" from the change to the resumed step, {r['reload_s']} s of it reloading")
-        else:
-            log(f"   {r['change']} after step {r['after_step']}: the job ended {r['seconds']} s "
-                f"later, no node left to host the rendezvous ({r['exit']})")
-
-
 def without_a_cluster(args, tmp, why):
-    log(f"No cluster here: {why}\nThe same arithmetic on this machine: 3 ranks, then 2, then 3")
-    args.checkpoint_dir = os.path.join(tmp, "local")
-    for size, stop in ((3, args.steps // 3), (2, 2 * args.steps // 3), (3, args.steps)):
+    p = args.world_size
+    log(f"No cluster here: {why}\nThe same arithmetic here: {p} ranks, then {p - 1}, then {p}")
+    args.checkpoint_dir, args.step_time = os.path.join(tmp, "local"), 0.0
+    for size, stop in ((p, args.steps // 3), (p - 1, 2 * args.steps // 3), (p, args.steps)):
         args.stop = stop
         launch(run, size, args)
-    log(check("final weights (3, 2, 3 ranks) vs the uninterrupted run at 3", max_diff(
-        final_weights(args, args.checkpoint_dir), args.reference), ROUNDING))
+    log(check(f"final weights ({p}, {p - 1}, {p} ranks) vs the uninterrupted run at {p}",
+              max_diff(final_weights(args, args.checkpoint_dir), args.reference), ROUNDING))
     rows, facts = read_csv("elastic")
     log(f"\nRecorded on the emulated nodes ({facts}):")
-    report(rows)
+    return rows
 
 
 def main():
     parser = lesson_parser(__doc__, world_size=3, save_figures=True)
-    parser.add_argument("--steps", type=int, help="steps to train (default 400; --quick: 150)")
+    parser.add_argument("--steps", type=int, help="steps to train (default 200; --quick: 120)")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between them")
     parser.add_argument("--hidden", type=int, default=256, help="MLP width (gradient bytes)")
+    parser.add_argument("--step-time", type=float, default=0.2, help="seconds a step takes "
+                        "at least on the nodes (a real model's compute)")
     parser.add_argument("--rate", default="100mbit", help="each link's speed")
     parser.add_argument("--checkpoint-dir", help="train once, resuming from DIR's latest")
     args = parser.parse_args()
-    args.steps = args.stop = args.steps or (150 if args.quick else 400)
+    args.steps = args.stop = args.steps or (120 if args.quick else 200)
     args.data = get_dataset("auto", quiet=bool(args.checkpoint_dir)).name
     if args.checkpoint_dir or under_torchrun():  # one elastic training run, in a node
         return launch(run, None, args, timeout=TIMEOUT)
     with tempfile.TemporaryDirectory() as tmp:
-        args.checkpoint_dir, every = os.path.join(tmp, "reference"), args.checkpoint_every
+        ref = copy.copy(args)  # one checkpoint, at the end; no pacing on this machine
+        ref.checkpoint_dir, ref.checkpoint_every, ref.step_time = f"{tmp}/reference", args.steps, 0
         log(f"0. the reference: {args.steps} steps at world size {args.world_size}, uninterrupted")
-        args.checkpoint_every = args.steps  # one checkpoint, at the end
-        launch(run, args.world_size, args)
-        args.reference, args.checkpoint_every = final_weights(args, args.checkpoint_dir), every
-        if why := privilege_problem():
-            return without_a_cluster(args, tmp, why)
-        rows = on_the_cluster(args, tmp)
-    report(rows)
-    if args.save_figures:
+        launch(run, args.world_size, ref)
+        args.reference = final_weights(args, ref.checkpoint_dir)
+        why = privilege_problem()
+        rows = without_a_cluster(args, tmp, why) if why else on_the_cluster(args, tmp)
+    log(f"\nWhat each change cost (the collectives time out after {TIMEOUT:g} s):")
+    for row in rows:
+        log(f"   {describe(row, TIMEOUT)}")
+    if args.save_figures and not why:
         write_csv("elastic", [{k: v for k, v in r.items() if k != "at"} for r in rows],
-                  facts=f"{machine_facts()}, links {args.rate}")
+                  facts=f"{machine_facts()}, links {args.rate}, steps of {args.step_time:g} s")
 
 
 if __name__ == "__main__":

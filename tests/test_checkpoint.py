@@ -229,6 +229,7 @@ def test_a_damaged_file_is_named(tmp_path, damage):
 # another world size computes the same steps, summed in another order: equal to the
 # uninterrupted run within float32 rounding, not bit for bit.
 G, SAVE_AT, STEPS = 6, 3, 8
+KINDS = ("plain", "fsdp", "zero")  # zero last: its optimizer is the consolidate idiom's
 ROUNDING = 1e-6  # measured: 6e-8 after 8 steps (float32, weights ~0.1-1); 0 at world size 2
 
 
@@ -238,9 +239,13 @@ def data():
 
 
 def build(kind):
+    from dist_sgd.shard.fsdp import FullyShardedDataParallel
     from dist_sgd.shard.zero import ShardedOptimizer
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 2))
+    if kind == "fsdp":  # its full state_dict; plain SGD without momentum: no state to gather
+        model = FullyShardedDataParallel(model)
+        return model, SGD(model.parameters(), lr=0.05)
     if kind == "zero":  # torch's keyword for the wrapped optimizer, as ZeroRedundancyOptimizer
         return model, ShardedOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
                                        lr=0.01)
@@ -252,20 +257,20 @@ def global_step(model, opt, s, rank, world_size, kind):
     x, y = (t[s * G:(s + 1) * G][rank::world_size] for t in data())  # this rank's share
     opt.zero_grad()
     ((model(x) - y).square().sum() * world_size / G).backward()
-    if kind == "plain":  # ShardedOptimizer averages the gradients itself
+    if kind == "plain":  # ShardedOptimizer and FSDP average the gradients themselves
         average_gradients(model)
     opt.step()
 
 
 def save_at_two(rank, world_size, root):
     out = {}
-    for kind in ("plain", "zero"):
+    for kind in KINDS:
         model, opt = build(kind)
         for s in range(STEPS):
             global_step(model, opt, s, rank, world_size, kind)
             if s + 1 == SAVE_AT:
                 save_checkpoint(os.path.join(root, kind), SAVE_AT, model, opt, items=SAVE_AT * G)
-        out[kind] = weights(model)
+        out[kind] = full_weights(model) if kind == "fsdp" else weights(model)
     out["idiom"] = zero_state_dict_idiom(rank, opt)
     return out
 
@@ -291,12 +296,12 @@ def zero_state_dict_idiom(rank, opt):
 
 def resume(rank, world_size, root):
     out = {}
-    for kind in ("plain", "zero"):
+    for kind in KINDS:
         model, opt = build(kind)
         state = load_checkpoint(os.path.join(root, kind), model, opt)
         for s in range(state["step"], STEPS):
             global_step(model, opt, s, rank, world_size, kind)
-        out[kind] = weights(model)
+        out[kind] = full_weights(model) if kind == "fsdp" else weights(model)
         out[f"{kind} state"] = {k: state[k] for k in ("step", "items", "resumed", "rng")}
     return out
 
@@ -309,7 +314,11 @@ def resharded(tmp_path_factory):
     return saved, {n: launch(resume, n, root, timeout=30) for n in (1, 3)}
 
 
-@pytest.mark.parametrize("kind", ["plain", "zero"], ids=["data_parallel", "zero1"])
+def full_weights(model):
+    return [t.clone() for t in model.state_dict().values()]  # FSDP: gathered (collective)
+
+
+@pytest.mark.parametrize("kind", ["plain", "zero", "fsdp"], ids=["data_parallel", "zero1", "fsdp"])
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_saved_at_two_ranks_resumes_at_another_world_size_within_rounding(resharded, kind,
                                                                           world_size):
@@ -324,7 +333,7 @@ def test_saved_at_two_ranks_resumes_at_another_world_size_within_rounding(reshar
 def test_resuming_at_another_world_size_says_so(resharded, world_size):
     _, resumed = resharded
     for r in resumed[world_size]:
-        for kind in ("plain", "zero"):
+        for kind in KINDS:
             state = r[f"{kind} state"]
             assert state["resumed"] == (f"resumed from step {SAVE_AT}, saved at world size 2, "
                                         f"now {world_size}"), state

@@ -52,6 +52,7 @@ MIN_CHECKS = {
     "14": 2,  # weights after a torchrun restart, after peer recovery, vs the uninterrupted run
     "15": 2,  # sync PS vs all-reduce SGD, local SGD H=1 vs all-reduce SGD
     "16": 8,  # by hand: gather, reduce-scatter; ZeRO-3, ZeRO-2, ours, DDP, torch's vs one process
+    "17": 1,  # final weights after a node lost and back (2 -> 1 -> 2 nodes) vs uninterrupted
 }
 # Other numbers a lesson promises, per lesson number: (regex with one number group, op, bound).
 BOUNDS = {
@@ -67,6 +68,7 @@ BOUNDS = {
            (r"ZeRO-2 +[0-9.]+ KiB +([0-9.]+)x", "==", 1.0),
            (r"\n(?:DDP|ZeRO-\d) [^\n]* ([0-9.]+)x\n", "<=", 1.10),  # memory / formula (+ layers)
            (r"\n(?:DDP|ZeRO-\d) [^\n]* ([0-9.]+)x\n", ">=", 0.90)],
+    "17": [(r"(-?\d+) steps repeated", ">=", 0)],  # since the last checkpoint: never negative
 }
 # Lessons also run at an odd world size: chunks and shards that do not split evenly.
 ODD_WORLD_SIZE = ("04", "07", "16")  # the ring on its page, the DDP core, FSDP

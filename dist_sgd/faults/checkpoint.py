@@ -62,8 +62,9 @@ def _barrier():
 
 def _unwrap(model):
     """A DDP wrapper (ours or torch's) keeps the real model in .module: save that, so a
-    checkpoint loads with or without the wrapper."""
-    return getattr(model, "module", model)
+    checkpoint loads with or without the wrapper. A sharded wrapper (FullyShardedDataParallel)
+    stays: its own state_dict() is the full one, its .module holds this rank's pieces only."""
+    return model if hasattr(model, "gather_full_params") else getattr(model, "module", model)
 
 
 def rng_state():

@@ -105,8 +105,9 @@ class Watch:
 def membership_change(cluster, watch, node, progress, cmd=None, size=None, timeout=300):
     """Remove `node` from the running job (or add it, running cmd), then wait until the job
     resumes at world size `size` (None: it is not expected to). Returns what it cost: the
-    step reached (from the progress file), the step resumed from, the steps repeated, the
-    seconds from the change to the resumed line, and the reload time that line reports."""
+    step reached at the change (from the progress file), the step resumed from, the steps
+    repeated (from the step the workers stopped at), the seconds from the change to the
+    resumed line, and the reload time that line reports."""
     done, t0 = read_step(progress), time.monotonic()
     cluster.add_node(node, cmd) if cmd else cluster.remove_node(node)
     row = {"change": f"node {node} {'added' if cmd else 'removed'}", "after_step": done,
@@ -115,9 +116,29 @@ def membership_change(cluster, watch, node, progress, cmd=None, size=None, timeo
     if size is not None:
         t, m = watch.wait_for(rf"world size {size}: resumed from step (\d+).*reload ([\d.]+) s",
                               since=t0, timeout=timeout)
-        row.update(resumed=int(m.group(1)), repeated=done - int(m.group(1)),
+        # the step reached when the workers stopped (a node that joins is waited for while
+        # training goes on): the progress file still holds it when the resumed line comes
+        reached = max(done, read_step(progress))
+        row.update(resumed=int(m.group(1)), repeated=reached - int(m.group(1)),
                    seconds=round(t - t0, 1), reload_s=float(m.group(2)))
     return row
+
+
+def describe(row, timeout):
+    """One sentence on what a membership change cost (a row of membership_change)."""
+    if row["resumed"] == "":
+        return (f"{row['change']} after step {row['after_step']}: the job ended {row['seconds']} s "
+                f"later, no node left to host the rendezvous ({row['exit']})")
+    noticing = f" (up to {timeout:g} s of it noticing)" if "removed" in row["change"] else ""
+    return (f"{row['change']} after step {row['after_step']}: resumed from step {row['resumed']} "
+            f"at world size {row['world_size']}, {row['repeated']} steps repeated, "
+            f"{row['seconds']} s from the change to the resumed step{noticing}, "
+            f"{row['reload_s']} s of it reloading")
+
+
+def store_command(port):
+    """What the store's own machine runs (see host_store)."""
+    return [sys.executable, "-m", "dist_sgd.faults.elastic", "--store", str(port)]
 
 
 def host_store(port, seconds=3600):
