@@ -124,6 +124,14 @@ def membership_change(cluster, watch, node, progress, cmd=None, size=None, timeo
     return row
 
 
+def sizes_over_steps(rows, world_size, steps):
+    """The world sizes a job ran at, [(size, until step), ...], from its membership changes'
+    rows (each resumed at its world_size from its step) and the size it started at."""
+    changes = [(r["world_size"], r["resumed"]) for r in rows]
+    ends = [step for _, step in changes] + [steps]
+    return [(world_size, ends[0])] + [(size, end) for (size, _), end in zip(changes, ends[1:])]
+
+
 def describe(row, timeout):
     """One sentence on what a membership change cost (a row of membership_change)."""
     if row["resumed"] == "":
