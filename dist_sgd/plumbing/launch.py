@@ -27,6 +27,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -386,9 +387,15 @@ def _run_here(fn, world_size, args, backend, timeout, threads):
             result, exiting = None, e
         except Exception as e:
             if _from_torch_distributed(e):  # a peer that returned already left its result here
-                done = [r for r in range(size) if r != rank and store.check([f"result/{r}"])]
-                for line in _returned_early(done, rank):
+                for line in _returned_early(_finished_peers(store, rank, size), rank):
                     print(f"[rank {rank}] {line}", file=sys.stderr, flush=True)
+                # A peer, or the host of the group's store, may be gone (a lost node): leaving
+                # the group or exiting normally could wait on its sockets for minutes. Say why
+                # and go, as a spawned rank does; torchrun sees the failure and restarts.
+                traceback.print_exc()
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(1)
             raise
         results = _meet(store, rank, size, result)
     finally:
@@ -396,6 +403,17 @@ def _run_here(fn, world_size, args, backend, timeout, threads):
     if exiting is not None:
         raise exiting
     return results
+
+
+def _finished_peers(store, rank, size, wait=2.0):
+    """The ranks that left a result in the store, asked for at most `wait` seconds: when the
+    store's host is gone (a lost node) a TCP request can block for minutes, so we stop asking."""
+    found = []
+    asking = threading.Thread(target=lambda: found.extend(
+        r for r in range(size) if r != rank and store.check([f"result/{r}"])), daemon=True)
+    asking.start()
+    asking.join(wait)
+    return list(found) if not asking.is_alive() else []
 
 
 def _meet(store, rank, size, result):
