@@ -408,3 +408,24 @@ if __name__ == "__main__":  # run by torchrun_output: every process is one rank
     # longer than the timeout: rank 1 must wait for it without failing.
     sys.stdout.write(f"rank {here} launch 2: {launch(rank_0_epilogue, None, 3.5, timeout=2)}\n")
     sys.stdout.flush()
+
+
+def test_asking_a_store_whose_host_is_gone_gives_up_in_bounded_time():
+    """Under torchrun a failed rank asks the launcher's store which peers had finished; when
+    that store's host vanished (a lost node) the request can block for minutes."""
+    import time as _time
+
+    from dist_sgd.plumbing.launch import _finished_peers
+
+    class Answers:
+        def check(self, keys):
+            return keys == ["result/2"]
+
+    class Gone:
+        def check(self, keys):
+            _time.sleep(60)
+
+    assert _finished_peers(Answers(), 0, 3) == [2]
+    start = _time.monotonic()
+    assert _finished_peers(Gone(), 0, 3, wait=0.5) == []
+    assert _time.monotonic() - start < 5

@@ -17,7 +17,10 @@ RDZV_CONF shortens torch's defaults (DEFAULTS) so that a lesson's run takes seco
 minutes; real jobs keep longer values, which tolerate slow machines.
 
 The store's host is the weak point: when the node that hosts the c10d store vanishes, every
-other agent loses the rendezvous and the whole job ends. The remedy is a store that outlives
+other agent loses the rendezvous. Measured on the emulated nodes (a vanished host sends no
+reset, so a TCP request to it never returns): the workers fail at their next collective, but
+the agents stay blocked in DynamicRendezvousHandler.num_nodes_waiting, a store request to the
+lost host, so the job neither goes on nor ends until something stops it. The remedy is a store that outlives
 any training node: `python -m dist_sgd.faults.elastic --store PORT` hosts one on a machine of
 its own (what an etcd server, or torchrun's `--rdzv-backend etcd-v2`, gives a real cluster),
 and every node's --rdzv-endpoint names it.
@@ -134,6 +137,10 @@ def sizes_over_steps(rows, world_size, steps):
 
 def describe(row, timeout):
     """One sentence on what a membership change cost (a row of membership_change)."""
+    if row["resumed"] == "" and "still running" in row["exit"]:
+        return (f"{row['change']} after step {row['after_step']}: the job did not go on, and did "
+                f"not end either: {row['seconds']} s later the other nodes' torchrun still waited "
+                f"on the lost store's host, and were stopped ({row['exit']})")
     if row["resumed"] == "":
         return (f"{row['change']} after step {row['after_step']}: the job ended {row['seconds']} s "
                 f"later, no node left to host the rendezvous ({row['exit']})")
