@@ -120,7 +120,7 @@ def test_redraw_draws_each_figure_from_its_csv(redrawn, tiny, name):
 def test_allreduce_report_prints_every_algorithm_against_gloo(redrawn):
     out = redrawn[1]
     # gloo took twice the ring's time: ratio 0.50 for the ring, at every size
-    assert "ring / gloo for >= 1 MiB: median 0.50x, worst 0.50x -> goal <= 1.00x met" in out
+    assert "ring / gloo for >= 1 MiB: median 0.50x, worst 0.50x" in out
     # ring_pipelined rows exist at p=2 only: reported there, and p=3 still drawn without them
     assert out.count("ring_pipelined / gloo for >= 1 MiB") == 1
 
