@@ -43,6 +43,19 @@ def run_cli(*args, timeout=60):
     return proc, out, err
 
 
+class Lines(list):
+    """A Cluster output sink that keeps every line written (true even while empty: a sink)."""
+
+    def __bool__(self):
+        return True
+
+    def write(self, text):
+        self.append(text)
+
+    def flush(self):
+        pass
+
+
 @needs_root
 def test_nodes_are_built_shaped_and_removed():
     before = host_links()
@@ -135,21 +148,14 @@ ALL_REDUCE = textwrap.dedent("""
 def test_torchrun_all_reduce_across_nodes_equals_the_single_machine_sum(tmp_path):
     script = tmp_path / "all_reduce.py"
     script.write_text(ALL_REDUCE)
-    lines = []
-
-    class Sink:
-        def write(self, text):
-            lines.append(text)
-
-        def flush(self):
-            pass
+    lines = Lines()
 
     with cluster.Cluster(2, rate="1gbit") as c:
         # The c10d rendezvous form: no node rank given; the node whose address is the endpoint
         # hosts the rendezvous (the static form runs the lesson in the next test).
         c.run(f"torchrun --nnodes $NNODES --nproc-per-node 1 --rdzv-backend c10d "
               f"--rdzv-endpoint $MASTER_ADDR:$MASTER_PORT --rdzv-id test {script}",
-              env=ENV, output=Sink(), timeout=180)
+              env=ENV, output=lines, timeout=180)
         names = [c.switch] + c.netns
     out = "".join(lines)
     checks = [line for line in lines if "max difference" in line]
@@ -260,17 +266,10 @@ def reach(c, node, address):
 
 @needs_root
 def test_a_node_removed_and_added_back():
-    lines = []
-
-    class Sink:
-        def write(self, text):
-            lines.append(text)
-
-        def flush(self):
-            pass
+    lines = Lines()
 
     with cluster.Cluster(3) as c:
-        c.start("echo up $NODE_RANK; sleep 30", output=Sink())
+        c.start("echo up $NODE_RANK; sleep 30", output=lines)
         time.sleep(0.5)
         c.remove_node(2)  # every process killed, the link cut: a machine that vanished
         gone = reach(c, 0, c.addresses[2])
