@@ -94,29 +94,50 @@ def full_optim_state_dict(model, optimizer):
     return {"state": state, "param_groups": [dict(g) for g in local["param_groups"]]}
 
 
-def load_full_optim_state_dict(model, optimizer, state_dict):
-    """Load a full (plain optimizer's) state_dict: each rank keeps its pieces of the state."""
-    params, groups = _params(optimizer), state_dict["param_groups"]
-    mine = optimizer.param_groups
+def optim_state_problems(fsdp, optimizer, state_dict):
+    """What in a full (plain optimizer's) state_dict does not fit this optimizer of fsdp's
+    pieces: [] when it fits. Every sharded state tensor must have its parameter's full shape.
+    Nothing is gathered (no collective): each rank finds the same on the same dict."""
+    groups, mine = state_dict["param_groups"], optimizer.param_groups
     if len(groups) != len(mine) or any(len(g["params"]) != len(m["params"])
                                        for g, m in zip(groups, mine)):
-        raise ValueError("load_full_optim_state_dict: the state_dict's parameter groups do not "
-                         "match this optimizer's (number of groups, or parameters per group)")
-    shard_of = {id(s.param): s for s in model.shards_by_name.values()}
+        return ["the state_dict's parameter groups do not match this optimizer's (number of "
+                "groups, or parameters per group)"]
+    params, shard_of = _params(optimizer), {id(s.param): s for s in fsdp.shards_by_name.values()}
     # A saved state is keyed by the parameter's position over all groups, in order.
     position = {saved: i for i, saved in enumerate(k for g in groups for k in g["params"])}
-    state, problems = {}, []
+    problems = []
     for saved, entry in state_dict["state"].items():
+        if saved not in position:
+            problems.append(f"state for parameter {saved!r}, which no parameter group holds")
+            continue
         s = shard_of.get(id(params[position[saved]]))
-        state[saved] = dict(entry)
         for k, v in entry.items():
-            if s is None or not torch.is_tensor(v) or v.dim() == 0:
-                continue
-            if tuple(v.shape) != tuple(s.shape):
+            if (s is not None and torch.is_tensor(v) and v.dim() > 0
+                    and tuple(v.shape) != tuple(s.shape)):
                 problems.append(f"parameter {position[saved]} state {k!r}: shape {tuple(v.shape)}, "
                                 f"the parameter's full shape is {tuple(s.shape)}" + _hint(v, s))
-            else:
-                state[saved][k] = _piece(v, s, model.rank, model.world_size)
-    if problems:
+    return problems
+
+
+def load_full_optim_state_dict(model, optimizer, state_dict):
+    """Load a full (plain optimizer's) state_dict: each rank keeps its pieces of the state."""
+    problems = optim_state_problems(model, optimizer, state_dict)
+    if problems:  # refused before anything is loaded
         raise ValueError("load_full_optim_state_dict: " + "; ".join(problems))
+    params, groups = _params(optimizer), state_dict["param_groups"]
+    shard_of = {id(s.param): s for s in model.shards_by_name.values()}
+    position = {saved: i for i, saved in enumerate(k for g in groups for k in g["params"])}
+    state = {}
+    for saved, entry in state_dict["state"].items():
+        s = shard_of.get(id(params[position[saved]]))
+        state[saved] = {k: _piece(v, s, model.rank, model.world_size)
+                        if s is not None and torch.is_tensor(v) and v.dim() > 0 else v
+                        for k, v in entry.items()}
     optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def full_shapes(fsdp):
+    """{name: full shape} of each entry of the plain module's state_dict, nothing gathered."""
+    return {name: tuple(fsdp.shards_by_name[name].shape) if name in fsdp.shards_by_name
+            else tuple(t.shape) for name, t in fsdp.module.state_dict().items()}
