@@ -173,7 +173,7 @@ def _context():
 
 
 def launch(fn, world_size=None, *args, backend=None, init_method="env",
-           timeout=DEFAULT_TIMEOUT, threads=1, max_restarts=0):
+           timeout=DEFAULT_TIMEOUT, threads=1, max_restarts=0, deadline=None):
     """Run fn(rank, world_size, *args) on every rank; return the list of results by rank.
 
     The list (index = rank) comes back in the process that reports: this one when it spawns
@@ -185,9 +185,15 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
     every rank is stopped and all are started again, up to max_restarts times; each sees the
     attempt in TORCHELASTIC_RESTART_COUNT (0 first), as under torchrun, so it can resume from
     a checkpoint (lesson 14). Under torchrun, torchrun's own --max-restarts decides.
+
+    deadline: None, or seconds for the whole run of spawned ranks: a rank still running then
+    (an endless loop in pure Python, which no operation's timeout sees) is stopped and named
+    in the RankError. Under torchrun, torchrun's own watchdogs decide.
     """
     if timeout is None or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if deadline is not None and not deadline > 0:
+        raise ValueError(f"deadline must be None or a positive number of seconds, got {deadline!r}")
     if not callable(fn):
         raise TypeError(f"fn must be a function, got {fn!r}")
     if under_torchrun():
@@ -204,7 +210,8 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
     backend = backend or default_backend(world_size)
     for attempt in range(max_restarts + 1):
         try:
-            return _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt)
+            return _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt,
+                          deadline)
         except RankError as e:
             if attempt == max_restarts:
                 raise
@@ -212,7 +219,7 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
                   f"(restart {attempt + 1} of {max_restarts})", file=sys.stderr, flush=True)
 
 
-def _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt):
+def _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt, deadline=None):
     """One attempt: start world_size ranks here, collect their results, stop them all."""
     ctx = _context()
     workdir = tempfile.mkdtemp(prefix="dist_sgd_")
@@ -235,7 +242,7 @@ def _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt
             there.close()
             procs.append(p)
             conns.append(here)
-        return _collect(procs, conns)
+        return _collect(procs, conns, None if deadline is None else time.monotonic() + deadline)
     finally:
         for c in conns:
             c.close()
@@ -258,11 +265,18 @@ def _blame(failures):
     return min(order, key=lambda r: (_LEVEL[failures[r][0]], order.index(r)))
 
 
-def _collect(procs, conns):
-    """Wait for every rank's result, then release them all; on a failure, raise RankError."""
+def _collect(procs, conns, end=None):
+    """Wait for every rank's result, then release them all; on a failure, raise RankError.
+    end: a time.monotonic() by which every rank must have reported (None: no limit)."""
     results, pending = [None] * len(procs), set(range(len(procs)))
     failures, deadline = {}, None  # rank -> (kind, message, traceback), in order of arrival
     while pending and (deadline is None or time.monotonic() < deadline):
+        if end is not None and not failures and time.monotonic() > end:
+            for r in sorted(pending):  # nobody failed, but these never finished
+                failures[r] = ("error", "did not finish before the run's deadline (an endless "
+                               "loop, or waiting for a message no peer sends?)", "")
+            deadline = time.monotonic()
+            break
         waitables = [conns[r] for r in pending] + [procs[r].sentinel for r in pending]
         mp.connection.wait(waitables, timeout=0.2 if deadline else 1.0)
         for r in sorted(pending):
