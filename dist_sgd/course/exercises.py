@@ -6,7 +6,7 @@ An exercise's reference is the library's (or a lesson's) own code, with its regi
 is proven to reject are tests/mutants/<name>__*.py. Adding one: README.md, "Your turn".
 """
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))  # the checkout
 
@@ -20,7 +20,6 @@ class Exercise:
     what: str  # one line: what to write
     hints: tuple  # gentle -> nearly the answer
     world_sizes: tuple = (1, 2, 3, 4)
-    helpers: tuple = field(default=())  # names the skeleton imports from the reference module
 
     @property
     def filename(self):
@@ -71,7 +70,7 @@ EXERCISES = (
          "in p.grad on every rank; the mean needs one more step.",
          "Divide by dist.get_world_size(), once: p.grad /= world_size (in place, so the "
          "optimizer sees it)."),
-        world_sizes=(1, 2, 3, 4), helpers=("gradients_to_sync",)),
+        world_sizes=(1, 2, 3, 4)),
 )
 
 _BY_NAME = {e.name: e for e in EXERCISES}
