@@ -28,20 +28,12 @@ reuses its store server while it lives.
 
 The work-around, applied on every torchrun path the lessons use:
 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment (torch's own switch). Every
-rendezvous round then gets a fresh store (rank 0's worker hosts it on a new port), so no key
-of a dead attempt exists; it works for a plain script and across nodes, where restart counts differ between nodes (a node that joins
-late starts at 0) and a per-attempt key prefix would not agree. dist_sgd's launch() is
-immune without it too (its keys carry the attempt under the shared store), on one node.
-"""
-import argparse
-import datetime
-import hashlib
-import os
-import signal
-import subprocess
-import sys
-import tempfile
-import time
+rendezvous round then gets a fresh store (rank 0's worker hosts it on a new port), so no key of
+a dead attempt exists; it works for a plain script and across nodes, where restart counts differ
+between nodes (a node that joins late starts at 0) and a per-attempt key prefix would not agree.
+dist_sgd's launch() is immune without it too (its keys carry the attempt under the shared
+store), on one node. """ import argparse import datetime import hashlib import os import signal
+import subprocess import sys import tempfile import time
 
 import torch
 import torch.distributed as dist
