@@ -32,8 +32,17 @@ rendezvous round then gets a fresh store (rank 0's worker hosts it on a new port
 a dead attempt exists; it works for a plain script and across nodes, where restart counts differ
 between nodes (a node that joins late starts at 0) and a per-attempt key prefix would not agree.
 dist_sgd's launch() is immune without it too (its keys carry the attempt under the shared
-store), on one node. """ import argparse import datetime import hashlib import os import signal
-import subprocess import sys import tempfile import time
+store), on one node.
+"""
+import argparse
+import datetime
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 
 import torch
 import torch.distributed as dist
