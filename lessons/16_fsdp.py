@@ -67,7 +67,7 @@ from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.launch import launch, lesson_parser
 from dist_sgd.plumbing.rank import log, under_torchrun
 from dist_sgd.shard.fsdp import FullyShardedDataParallel as FSDP
-from dist_sgd.shard.fsdp_io import Counted
+from dist_sgd.comm.counted import Counted
 from dist_sgd.shard.zero import ShardedOptimizer
 
 STEPS, LR = 3, 1e-3
