@@ -307,10 +307,32 @@ def bytes_and_memory(rank, world_size):
                     lambda *_: issued.append(sum(k == "all_gather" for k, _ in model.comm.log)))
             for _ in range(2):  # the second step has the order of the first
                 issued.clear()
-                model(x).sum().backward()
+                y = model(x)
+                after_forward = model.memory()["buffers"]  # the units kept for backward
+                y.sum().backward()
             out[mode, prefetch] = {"bytes": model.bytes_per_step(), "memory": model.memory(),
-                                   "issued": list(issued), "log": list(model.comm.log)}
+                                   "issued": list(issued), "log": list(model.comm.log),
+                                   "after_forward": after_forward}
     ddp.remove_hooks()
+    return out
+
+
+def kept_against_torch_ddp(rank, world_size):
+    """ZeRO-3 keeping its last units gathered from forward to backward (from the second step
+    on), every prefetch, against torch's DDP on the same per-rank data: full weights."""
+    out = {}
+    for prefetch in (0, 1, 2):
+        ours = FullyShardedDataParallel(make("Dense"), prefetch=prefetch)
+        theirs = nn.parallel.DistributedDataParallel(make("Dense"))
+        opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (ours, theirs)]
+        for step in range(STEPS):
+            x, y = batch("Dense", step, world_size)
+            for m, o in zip((ours, theirs), opts):
+                o.zero_grad()
+                loss_of("Dense", m(mine(x, rank)), mine(y, rank)).backward()
+                o.step()
+        out[prefetch] = (ours.gather_full_params(),
+                         {n: p.detach().clone() for n, p in theirs.module.named_parameters()})
     return out
 
 
@@ -484,7 +506,8 @@ def worker(rank, world_size):
                "torch": against_torch(rank, world_size), "holdings": holdings(rank, world_size),
                "accumulation": accumulation(rank, world_size),
                "checkpoints": checkpoints(rank, world_size), "errors": errors(rank, world_size),
-               "bytes": bytes_and_memory(rank, world_size), "edges": edges(rank, world_size)}
+               "bytes": bytes_and_memory(rank, world_size), "edges": edges(rank, world_size),
+               "kept": kept_against_torch_ddp(rank, world_size)}
     dist.barrier()  # our DDP's reducer done everywhere before the group goes
     return results
 
@@ -621,16 +644,22 @@ def test_bad_input_gets_a_clear_error_on_every_rank(runs, case, kind, words):
         assert r["errors"]["untouched"], "a refused checkpoint changed the model"
 
 
-def test_zero3_sends_1_5x_and_zero2_1_0x_ddps_counted_bytes(runs):
+def test_zero3_sends_1_5x_less_the_kept_units_and_zero2_1_0x_ddps_counted_bytes(runs):
+    """Four equal units: DDP all-reduces 4 (2 units' worth of bytes each), ZeRO-3 gathers 4 in
+    forward, 4 less the 1 + prefetch kept in backward, and reduce-scatters 4."""
     _, results = runs
     b = results[0]["bytes"]
     for prefetch in (0, 1):
-        assert b["ZeRO-3", prefetch]["bytes"] == pytest.approx(1.5 * b["DDP"], rel=1e-12)
+        kept = 1 + prefetch
+        assert b["ZeRO-3", prefetch]["bytes"] == pytest.approx((12 - kept) / 8 * b["DDP"],
+                                                               rel=1e-12)
         assert b["ZeRO-2", prefetch]["bytes"] == pytest.approx(1.0 * b["DDP"], rel=1e-12)
-    # Forward: 4 gathers; backward: re-gather the last unit and prefetch one ahead, each
-    # unit's reduce-scatter as soon as its gradient is there.
+    # Forward: 4 gathers; backward: the last two units kept (prefetch 1), the next gathered
+    # ahead, each unit's reduce-scatter as soon as its gradient is there.
     kinds = [k[0] + k[-1] for k, _ in b["ZeRO-3", 1]["log"]]  # "ar": all_gather, "rr": reduce
-    assert kinds == ["ar"] * 6 + ["rr", "ar", "rr", "ar", "rr", "rr"]
+    assert kinds == ["ar"] * 4 + ["rr", "ar", "rr", "ar", "rr", "rr"]
+    kinds = [k[0] + k[-1] for k, _ in b["ZeRO-3", 0]["log"]]  # the last unit kept only
+    assert kinds == ["ar"] * 4 + ["rr", "ar", "rr", "ar", "rr", "ar", "rr"]
 
 
 def test_prefetch_starts_the_next_gather_before_the_unit_computes(runs):
@@ -652,6 +681,24 @@ def test_peak_memory_is_the_units_alive_at_once(runs):
     for key in b:
         if isinstance(key, tuple):
             assert b[key]["memory"]["buffers"] == 0  # nothing left gathered after a step
+
+
+def test_zero3_keeps_the_units_that_finish_forward_last_within_the_peak(runs):
+    """After forward ZeRO-3 holds the last unit and the `prefetch` before it (the ones its
+    backward needs first), no more than it holds at once anyway; ZeRO-2 holds them all."""
+    _, results = runs
+    b = results[0]["bytes"]
+    for prefetch in (0, 1):
+        assert b["ZeRO-3", prefetch]["after_forward"] == (1 + prefetch) * b["unit"]
+        assert b["ZeRO-3", prefetch]["after_forward"] <= b["ZeRO-3", prefetch]["memory"][
+            "peak_buffers"]
+    assert b["ZeRO-2", 1]["after_forward"] == 4 * b["unit"]
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+def test_zero3_keeping_units_equals_torch_ddp(runs, prefetch):
+    for r in runs[1]:
+        close(*r["kept"][prefetch], atol=1e-6, rtol=1e-5)
 
 
 def test_world_size_1_equals_one_process_and_sends_nothing(alone):

@@ -31,10 +31,16 @@ optimizer state; ZeRO-1 (lesson 13) shards only the state, so with float32 and A
 4. Prefetch. The next `prefetch` units' all-gathers start while the current unit computes,
    in forward and in backward, so the wire works while the cores do; at most 1 + prefetch
    units are gathered at once (CS336: gather a layer once the one two before it is done).
+   Backward starts with the units that finished forward last, and nothing computes yet to
+   hide their re-gathers behind: so under ZeRO-3 those stay gathered from their forward to
+   their backward (torch does so for its root), the last one and the `prefetch` before it,
+   as many as are gathered at once anyway: the peak stays 1 + prefetch units gathered.
 
 Bytes each rank sends per step, N = the parameters' bytes: DDP's all-reduce 2(p-1)/p N;
-ZeRO-3 gathers twice and reduces once, 3(p-1)/p N = 1.5x; ZeRO-2 1.0x (bytes_per_step()
-counts what the last step issued); memory() what a rank holds, tensor by tensor.
+ZeRO-3 gathers twice and reduces once, 3(p-1)/p N = 1.5x, less one gather of each unit kept
+(4 equal units, prefetch 1: 1.25x); ZeRO-2 1.0x (bytes_per_step() counts what the last step
+issued; the first step knows no order yet: no prefetch, nothing kept); memory() what a rank
+holds, tensor by tensor.
 compute_dtype=torch.float16 / bfloat16: the shards are cast
 before the all-gather (half the bytes) and the module computes in that dtype (the floating
 inputs of the root and of every unit are cast, as torch casts each fully_shard module's;
@@ -367,7 +373,7 @@ class FullyShardedDataParallel(nn.Module):
         for p in self._replicated_params:
             p.register_post_accumulate_grad_hook(self._replicated_ready)
         self.require_backward_grad_sync, self._in_backward = True, False
-        self._plan, self._order, self._ran = list(self.units), [], []
+        self._plan, self._order, self._ran, self._keep = list(self.units), [], [], set()
         self._accumulated, self._before = {}, {}  # replicated parameters under no_sync
         self._open_step()
 
@@ -385,8 +391,13 @@ class FullyShardedDataParallel(nn.Module):
         return out
 
     def _open_step(self):
-        """A step starts at each forward: the order of units seen becomes the next plan."""
+        """A step starts at each forward: the order of units seen becomes the next plan, and
+        the units that finished forward last stay gathered for backward, which needs them
+        first (torch keeps its root's): the last one and the `prefetch` before it, the ones
+        backward would gather at once, before any computation could hide their gathers."""
         self._plan = self._order or self._plan
+        last = list({id(u): u for u in reversed(self._ran)}.values())
+        self._keep = set(last[:1 + self.prefetch]) if self.reshard_after_forward else set()
         for unit in self.units:
             unit.free()
             unit.owed = 0
@@ -429,7 +440,7 @@ class FullyShardedDataParallel(nn.Module):
             for t in tensors(output):  # autograd reaches the unit's output: its backward starts
                 if t.requires_grad:
                     t.register_hook(lambda grad, u=unit: self._pre_backward(u))
-        if not torch.is_grad_enabled() or self.reshard_after_forward:
+        if not torch.is_grad_enabled() or self.reshard_after_forward and unit not in self._keep:
             unit.free()
 
     # ---- backward -----------------------------------------------------------------------
