@@ -199,7 +199,7 @@ class _Unit:
                          for s, d in zip(shards, self.dtypes)]
         self.numels = [s.size * world_size for s in shards]  # gathered, padding included
         self.nbytes = sum(n * itemsize(d) for n, d in zip(self.numels, self.dtypes))
-        self.works, self.state, self.owed, self.reducing = [], "free", 0, []
+        self.works, self.state, self.reducing = [], "free", []
 
     def tensor(self, i, shape):
         """A fresh tensor on shard i's gathered storage: autograd's saved ones see no write."""
@@ -243,7 +243,6 @@ class _Unit:
         trained = any(p.requires_grad for p in pieces)
         if post_backward is not None and trained:
             fulls = _Gather.apply(post_backward, self, *pieces)
-            self.owed += 1  # a backward is due
         else:  # recompute: requires_grad as _Gather's outputs, so autograd saves the same
             fulls = [self.tensor(i, s.shape).requires_grad_(trained and torch.is_grad_enabled())
                      for i, s in enumerate(self.shards)]
@@ -400,7 +399,6 @@ class FullyShardedDataParallel(nn.Module):
         self._keep = set(last[:1 + self.prefetch]) if self.reshard_after_forward else set()
         for unit in self.units:
             unit.free()
-            unit.owed = 0
         self.comm.log.clear()
         self.memory_count.peak = self.memory_count.live
         self._order, self._ran, self._reduces = [], [], []
@@ -463,7 +461,6 @@ class FullyShardedDataParallel(nn.Module):
     def _post_backward(self, unit, grads):
         """The unit's full gradients: free the unit, reduce-scatter each into its shard."""
         self._backward_starts()
-        unit.owed -= 1
         unit.free()
         if self._sync:  # one unit's reduce-scatters in flight at a time: memory stays bounded
             for other in self.units:
@@ -501,7 +498,6 @@ class FullyShardedDataParallel(nn.Module):
             self._reduces, self._in_backward = [], False
             for unit in self.units:
                 unit.free()
-                unit.owed = 0
 
     @contextlib.contextmanager
     def no_sync(self):
