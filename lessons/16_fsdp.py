@@ -59,6 +59,8 @@ Exercises:
   2. Set prefetch=0: the peak buffers drop by one layer. What did prefetch buy?
   3. 7.5 B parameters on 64 GPUs with 80 GB each: which of the four rows fits? (K = 12 with
      float16 compute: 2 + 2 + 12 bytes per parameter.)
+  4. Write one FSDP unit's gather, free and reduce-scatter yourself, checked against torch's
+     collectives: python3 -m dist_sgd.course start fsdp_unit
 """
 import os
 

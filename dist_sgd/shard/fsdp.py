@@ -71,6 +71,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from dist_sgd.comm import collectives as ours
 from dist_sgd.comm.counted import Counted
+from dist_sgd.course.mine import swap_in
 from dist_sgd.ddp.hooks import call_when_backward_ends
 from dist_sgd.plumbing.rank import world
 from dist_sgd.shard import fsdp_io
@@ -188,7 +189,13 @@ class _Unit:
     """A module and the sharded parameters of its subtree that no unit inside it owns, as
     torch's FSDPParamGroup: it gathers them, waits, frees them and reduce-scatters their
     gradients; the wrapper decides when. The gathered full parameters live in storages that
-    are resized to 0 bytes when freed: tensors autograd saved come back when re-gathered."""
+    are resized to 0 bytes when freed: tensors autograd saved come back when re-gathered.
+
+    state: "free" (storages of 0 bytes) -> gather(): "gathering" (self.works: the (handle,
+    piece) of each all-gather in flight) -> wait(): "gathered" -> free(): "free". Collectives
+    go through self.comm.start(name, *args) (counted, asynchronous: a handle with .wait());
+    self.memory.count(+/- bytes) follows the buffers held; self.reducing: the (shard, out,
+    handle, flat) of each reduce-scatter in flight."""
 
     def __init__(self, name, module, places, shards, compute_dtype, comm, memory, world_size):
         self.name, self.module, self.shards = name, module, shards
@@ -210,6 +217,7 @@ class _Unit:
         """Start the all-gathers of every shard into the full storages (nothing if started)."""
         if self.state != "free":
             return
+        # ---- exercise fsdp_unit: grow each storage, start all-gathering the pieces into it
         for i, (s, storage, numel) in enumerate(zip(self.shards, self.storages, self.numels)):
             storage.resize_(numel * itemsize(self.dtypes[i]))
             flat = self.tensor(i, (numel,))
@@ -218,6 +226,7 @@ class _Unit:
             self.works.append((work, piece))  # the piece stays alive until the gather is done
         self.state = "gathering"
         self.memory.count(self.nbytes)
+        # ---- end of exercise
 
     def wait(self):
         self.gather()
@@ -226,12 +235,15 @@ class _Unit:
         self.works, self.state = [], "gathered"
 
     def free(self):
+        """Give the full parameters' bytes back; the tensors on the storages stay valid."""
+        # ---- exercise fsdp_unit: wait for a gather in flight, then shrink each storage to 0
         if self.state != "free":
             self.wait()  # a gather in flight writes into the storage: let it land first
             for storage in self.storages:
                 storage.resize_(0)
             self.state = "free"
             self.memory.count(-self.nbytes)
+        # ---- end of exercise
 
     def install(self, post_backward=None):
         """Put the full parameters where the modules find them (module.__dict__ comes before
@@ -256,6 +268,7 @@ class _Unit:
     def reduce_scatter(self, grads, sync):
         """Start reducing each full gradient into its shard's .grad (sync); under no_sync keep
         the full sum for the next synchronized backward instead."""
+        # ---- exercise fsdp_unit: pad each gradient (plus no_sync's sum), start reduce-scatters
         for s, grad in zip(self.shards, grads):
             if not s.param.requires_grad:
                 continue
@@ -275,15 +288,18 @@ class _Unit:
             work = self.comm.start("reduce_scatter", out, list(flat.split(s.size)))
             self.reducing.append((s, out, work, flat))
             self.memory.count(flat.numel() * flat.element_size())
+        # ---- end of exercise
 
     def finish_reduce(self):
         """Wait for the reduce-scatters in flight; each shard's .grad gets the mean."""
+        # ---- exercise fsdp_unit: wait for each, divide by p, set or add to the shard's .grad
         for s, out, work, flat in self.reducing:
             work.wait()
             out.div_(self.world_size)  # the sum over ranks -> the mean
             s.param.grad = out if s.param.grad is None else s.param.grad.add_(out)
             self.memory.count(-flat.numel() * flat.element_size())
         self.reducing = []
+        # ---- end of exercise
 
 
 class _Gather(torch.autograd.Function):
@@ -565,3 +581,6 @@ class FullyShardedDataParallel(nn.Module):
     def load_state_dict(self, state_dict, strict=True, assign=False):
         """Load a plain module's (full) state_dict: each rank keeps its pieces."""
         return fsdp_io.load_full_state_dict(self, state_dict, strict)
+
+
+swap_in(globals(), "fsdp_unit")  # DIST_SGD_MINE: a learner's version replaces this one
