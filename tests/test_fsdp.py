@@ -7,6 +7,7 @@ second one) a tied embedding / output weight and a frozen weight. float32 throug
 the compute_dtype=float16 check.
 """
 import copy
+import itertools
 
 import pytest
 import torch
@@ -485,8 +486,9 @@ def clipped(rank, world_size):
     """clip_grad_norm_ of ours against torch.nn.utils.clip_grad_norm_ on fully_shard's DTensor
     parameters (the global norm), 2-norm and max-norm; then one SGD step."""
     out = {}
-    for norm_type in (2.0, float("inf")):
-        ours, theirs = FullyShardedDataParallel(seeded(Dense)), torch_sharded(seeded(Dense))
+    for norm_type, shard_all in itertools.product((2.0, float("inf")), (False, True)):
+        ours = FullyShardedDataParallel(seeded(Dense), shard_all=shard_all)
+        theirs = torch_sharded(seeded(Dense))
         opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (ours, theirs)]
         x, y = batch("Dense", 0, world_size)
         for m in (ours, theirs):
@@ -496,7 +498,7 @@ def clipped(rank, world_size):
         grads = (full_grads(ours), torch_grads(theirs))
         for o in opts:
             o.step()
-        out[norm_type] = {"norms": norms, "grads": grads, "params": (
+        out[norm_type, shard_all] = {"norms": norms, "grads": grads, "params": (
             ours.gather_full_params(), {n: p.full_tensor() for n, p in theirs.named_parameters()})}
     return out
 
@@ -764,13 +766,14 @@ def test_no_sync_gradients_survive_zero_grad_for_every_parameter_as_torch(runs):
         close_or_none(*r["edges"]["no_sync, zero_grad, synced"], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("shard_all", [False, True], ids=["2d_sharded", "all_sharded"])
 @pytest.mark.parametrize("norm_type", [2.0, float("inf")], ids=["2norm", "maxnorm"])
-def test_clip_grad_norm_is_global_as_torch_on_dtensors(runs, norm_type):
+def test_clip_grad_norm_is_global_as_torch_on_dtensors(runs, norm_type, shard_all):
     for r in runs[1]:
-        c = r["edges"]["clip"][norm_type]
+        c = r["edges"]["clip"][norm_type, shard_all]
         torch.testing.assert_close(c["norms"][0], c["norms"][1], atol=1e-6, rtol=1e-5)
         close_or_none(*c["grads"], atol=1e-6, rtol=1e-5)
         close(*c["params"], atol=1e-6, rtol=1e-5)
-    first = runs[1][0]["edges"]["clip"][norm_type]["grads"][0]
+    first = runs[1][0]["edges"]["clip"][norm_type, shard_all]["grads"][0]
     for r in runs[1][1:]:  # replicated gradients stay identical across ranks
-        close_or_none(r["edges"]["clip"][norm_type]["grads"][0], first, atol=0, rtol=0)
+        close_or_none(r["edges"]["clip"][norm_type, shard_all]["grads"][0], first, atol=0, rtol=0)
