@@ -420,7 +420,8 @@ def full_grads(model):
 
 
 def torch_grads(model):
-    return {n: None if p.grad is None else p.grad.full_tensor() for n, p in model.named_parameters()}
+    return {n: None if p.grad is None else p.grad.full_tensor()
+            for n, p in model.named_parameters()}
 
 
 def side_by_side(rank, world_size, ours, theirs, name="Dense", steps=STEPS, dtype=None):
@@ -445,7 +446,8 @@ def edges(rank, world_size):
     for mode, reshard in MODES.items():
         for cls in (Checkpointed, CheckpointedToTheEnd):
             out[cls.__name__, mode] = side_by_side(
-                rank, world_size, FullyShardedDataParallel(seeded(cls), reshard_after_forward=reshard),
+                rank, world_size,
+                FullyShardedDataParallel(seeded(cls), reshard_after_forward=reshard),
                 torch_sharded(seeded(cls), reshard_after_forward=reshard))
     out["logged"] = side_by_side(rank, world_size, FullyShardedDataParallel(seeded(Logged)),
                                  torch_sharded(seeded(Logged)))
