@@ -22,17 +22,24 @@ the gradient, because it updates only its own piece. Bytes per parameter on each
     DDP          4       4        8       16          all-reduce: 2(N-1)/N per byte
     ZeRO-1       4       4       8/N      8 + 8/N     1.0x DDP's (reduce-scatter + all-gather)
     ZeRO-2       4      4/N      8/N      4 + 12/N    1.0x (gather once, reduce-scatter)
-    ZeRO-3      4/N     4/N      8/N      16/N        1.5x (gather, gather again, reduce-scatter)
+    ZeRO-3      4/N     4/N      8/N      16/N        <= 1.5x (gather, again, reduce-scatter)
 
-ZeRO-3 sends half as much again as DDP; hiding that behind the computation is the point of
-prefetch (FullyShardedDataParallel(prefetch=1)): while one layer computes, the next layer's
-all-gather is already on the wire. This lesson: one weight sharded by hand; then, at world
-sizes 1-4, the bytes each rank holds, counted tensor by tensor (the largest rank) next to the
-formula, the bytes each scheme sends (counted from its collectives), and checks of our FSDP
-against one process, our DDP and torch's fully_shard on the same batches. Here every
-parameter is sharded (shard_all=True, as torch does); by default biases stay whole. The
-"+ layers" column is what ours holds besides the formula: ZeRO-3 two layers gathered (the one
-computing, the next one prefetched) and one layer's gradient being reduced; ZeRO-2's formula
+ZeRO-3 sends up to half as much again as DDP; hiding that behind the computation is the
+point of prefetch (FullyShardedDataParallel(prefetch=1)): while one layer computes, the next
+layer's all-gather is already on the wire. Backward starts with the layers forward ended with,
+before anything computes that could hide a gather: so those two (the last, and the one
+prefetch would gather with it) stay gathered from their forward to their backward, as torch
+keeps its root's. That holds no more at once than prefetch does anyway (the peak is the
+same), and saves 2 of the 12 second gathers: 12 + 10 gathers and 12 reduce-scatters against
+DDP's 12 all-reduces of twice the bytes, (12 + 10 + 12) / 24 = 1.42x.
+
+This lesson: one weight sharded by hand; then, at world sizes 1-4, the bytes each rank holds,
+counted tensor by tensor (the largest rank) next to the formula, the bytes each scheme sends
+(counted from its collectives), and checks of our FSDP against one process, our DDP and
+torch's fully_shard on the same batches. Here every parameter is sharded (shard_all=True, as
+torch does); by default biases stay whole. The "+ layers" column is what ours holds besides
+the formula: ZeRO-3 two layers gathered (the one computing and the next one prefetched, or
+the two kept for backward) and one layer's gradient being reduced; ZeRO-2's formula
 counts its gathered layers as the 4 bytes of parameters, so its own pieces (4/N) come on top.
 
 Honest expectations: memory falls as 1/N anywhere. Time does not, here: the ranks share 2
@@ -52,6 +59,8 @@ Exercises:
   2. Set prefetch=0: the peak buffers drop by one layer. What did prefetch buy?
   3. 7.5 B parameters on 64 GPUs with 80 GB each: which of the four rows fits? (K = 12 with
      float16 compute: 2 + 2 + 12 bytes per parameter.)
+  4. Write one FSDP unit's gather, free and reduce-scatter yourself, checked against torch's
+     collectives: python3 -m dist_sgd.course start fsdp_unit
 """
 import os
 
@@ -67,7 +76,7 @@ from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.launch import launch, lesson_parser
 from dist_sgd.plumbing.rank import log, under_torchrun
 from dist_sgd.shard.fsdp import FullyShardedDataParallel as FSDP
-from dist_sgd.shard.fsdp_io import Counted
+from dist_sgd.comm.counted import Counted
 from dist_sgd.shard.zero import ShardedOptimizer
 
 STEPS, LR = 3, 1e-3
@@ -176,7 +185,7 @@ def report(world_size, results, width, depth):
         log(f"{name:7s} " + " ".join(f"{b / kib:8.1f}" for b in held + [sum(held), want])
             + f"  {extra.get(name, 0) / kib:8.1f}  {sum(held) / (want + extra.get(name, 0)):.3f}x")
     ddp = results[0]["schemes"]["DDP"][4]
-    log("bytes each rank sends per step, counted from the collectives, and per DDP byte:")
+    log("bytes each rank sends per step, counted, per DDP byte (ZeRO-3: 2 layers kept):")
     for name in FORMULA:
         sent = results[0]["schemes"][name][4]
         log(f"  {name:7s} {sent / kib:10.1f} KiB  " + (f"{sent / ddp:.2f}x" if ddp else "-"))

@@ -7,20 +7,22 @@ second one) a tied embedding / output weight and a frozen weight. float32 throug
 the compute_dtype=float16 check.
 """
 import copy
+import itertools
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from dist_sgd.ddp.ddp import DistributedDataParallel
 from dist_sgd.faults.fsdp_checkpoint import full_optim_state_dict, load_full_optim_state_dict
 from dist_sgd.plumbing.launch import launch
 from dist_sgd.sgd.optim import SGD
 from dist_sgd.shard.fsdp import FullyShardedDataParallel
-from dist_sgd.shard.fsdp_io import Counted
+from dist_sgd.comm.counted import Counted
 from dist_sgd.shard.zero import wire_bytes
 
 STEPS, BATCH = 3, 4  # per rank
@@ -279,18 +281,9 @@ def errors(rank, world_size):
     catch("other world size", lambda: model.load_state_dict(other))
     catch("pieces as optimizer state", lambda: load_full_optim_state_dict(model, opt, opt.state_dict()))
     out["untouched"] = all(torch.equal(before[n], p) for n, p in model.module.named_parameters())
-
-    unused = FullyShardedDataParallel(TwoHeads())
-    catch("unused parameter", lambda: unused(mine(x, rank))[0].sum().backward())
+    catch("units not submodules", lambda: FullyShardedDataParallel(make("Dense"),
+                                                                   units=[nn.Linear(2, 2)]))
     return out
-
-
-class TwoHeads(Dense):
-    """Returns the head's output and fc2's: a loss of the second leaves the head unused."""
-
-    def forward(self, x):
-        hidden = self.fc2(torch.tanh(self.norm(self.fc1(x))))
-        return hidden, self.head(torch.tanh(hidden))
 
 
 def bytes_and_memory(rank, world_size):
@@ -315,10 +308,200 @@ def bytes_and_memory(rank, world_size):
                     lambda *_: issued.append(sum(k == "all_gather" for k, _ in model.comm.log)))
             for _ in range(2):  # the second step has the order of the first
                 issued.clear()
-                model(x).sum().backward()
+                y = model(x)
+                after_forward = model.memory()["buffers"]  # the units kept for backward
+                y.sum().backward()
             out[mode, prefetch] = {"bytes": model.bytes_per_step(), "memory": model.memory(),
-                                   "issued": list(issued), "log": list(model.comm.log)}
+                                   "issued": list(issued), "log": list(model.comm.log),
+                                   "after_forward": after_forward}
     ddp.remove_hooks()
+    return out
+
+
+def kept_against_torch_ddp(rank, world_size):
+    """ZeRO-3 keeping its last units gathered from forward to backward (from the second step
+    on), every prefetch, against torch's DDP on the same per-rank data: full weights."""
+    out = {}
+    for prefetch in (0, 1, 2):
+        ours = FullyShardedDataParallel(make("Dense"), prefetch=prefetch)
+        theirs = nn.parallel.DistributedDataParallel(make("Dense"))
+        opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (ours, theirs)]
+        for step in range(STEPS):
+            x, y = batch("Dense", step, world_size)
+            for m, o in zip((ours, theirs), opts):
+                o.zero_grad()
+                loss_of("Dense", m(mine(x, rank)), mine(y, rank)).backward()
+                o.step()
+        out[prefetch] = (ours.gather_full_params(),
+                         {n: p.detach().clone() for n, p in theirs.module.named_parameters()})
+    return out
+
+
+# ---- edges: each against torch's fully_shard on the same model and per-rank data ------------
+
+class Checkpointed(Dense):
+    """fc2 under activation checkpointing: its forward runs again in backward (to its end
+    when early_stop is False, post-forward hooks included)."""
+
+    early_stop = True
+
+    def forward(self, x):
+        h = torch.tanh(self.norm(self.fc1(x)))
+        with set_checkpoint_early_stop(self.early_stop):
+            h = checkpoint(self.fc2, h, use_reentrant=False)
+        return self.head(torch.tanh(h))
+
+
+class CheckpointedToTheEnd(Checkpointed):
+    early_stop = False
+
+
+class Logged(Dense):
+    """A second head whose output is only kept for logging: it never gets a gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.aux = nn.Linear(5, 2)
+
+    def forward(self, x):
+        h = torch.tanh(self.fc2(torch.tanh(self.norm(self.fc1(x)))))
+        self.logged = self.aux(h).detach()
+        return self.head(h)
+
+
+class Offset(Dense):
+    """A float32 buffer added to fc1's input: under bfloat16 compute its input is float32."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("offset", torch.linspace(-0.5, 0.5, 7))
+
+    def forward(self, x):
+        return super().forward(x + self.offset)
+
+
+class TiedOutside(nn.Module):
+    """The embedding's weight used again by the root itself (not in a module's forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.mid = nn.Embedding(11, 6), nn.Linear(6, 6)
+
+    def forward(self, tokens):
+        return F.linear(torch.tanh(self.mid(self.embed(tokens))), self.embed.weight)
+
+
+def seeded(cls):
+    torch.manual_seed(0)
+    return cls()
+
+
+def torch_sharded(model, inner=None, **kwargs):
+    """fully_shard on every parameter-owning submodule (or on `inner`), then on the root."""
+    inner = [m for m in model.modules() if m is not model and list(m.parameters(recurse=False))
+             ] if inner is None else inner
+    for m in inner:
+        fully_shard(m, **kwargs)
+    return fully_shard(model, **kwargs)
+
+
+def full_grads(model):
+    """Ours: {name: the full gradient} (pieces gathered); None where there is none."""
+    out = {}
+    for n, p in model.module.named_parameters():
+        s = model.shards_by_name.get(n)
+        if s is None or p.grad is None:
+            out[n] = None if p.grad is None else p.grad.clone()
+            continue
+        pieces = [torch.empty_like(p.grad) for _ in range(dist.get_world_size())]
+        dist.all_gather(pieces, p.grad)
+        out[n] = torch.cat(pieces)[:s.numel].view(s.shape)
+    return out
+
+
+def torch_grads(model):
+    return {n: None if p.grad is None else p.grad.full_tensor()
+            for n, p in model.named_parameters()}
+
+
+def side_by_side(rank, world_size, ours, theirs, name="Dense", steps=STEPS, dtype=None):
+    """SGD steps on both; every step: (ours full params, torch's), (ours grads, torch's)."""
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (ours, theirs)]
+    history = []
+    for step in range(steps):
+        x, y = batch(name, step, world_size)
+        for m, o in zip((ours, theirs), opts):
+            o.zero_grad()
+            loss_of(name, m(mine(x, rank)), mine(y, rank)).backward()
+        grads = (full_grads(ours), torch_grads(theirs))
+        for o in opts:
+            o.step()
+        history.append(((ours.gather_full_params(),
+                         {n: p.full_tensor() for n, p in theirs.named_parameters()}), grads))
+    return history
+
+
+def edges(rank, world_size):
+    out = {}
+    for mode, reshard in MODES.items():
+        for cls in (Checkpointed, CheckpointedToTheEnd):
+            out[cls.__name__, mode] = side_by_side(
+                rank, world_size,
+                FullyShardedDataParallel(seeded(cls), reshard_after_forward=reshard),
+                torch_sharded(seeded(cls), reshard_after_forward=reshard))
+    out["logged"] = side_by_side(rank, world_size, FullyShardedDataParallel(seeded(Logged)),
+                                 torch_sharded(seeded(Logged)))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    out["bfloat16 buffer"] = side_by_side(
+        rank, world_size, FullyShardedDataParallel(seeded(Offset), compute_dtype=torch.bfloat16),
+        torch_sharded(seeded(Offset), mp_policy=policy))
+    out["tied outside"] = side_by_side(
+        rank, world_size, FullyShardedDataParallel(seeded(TiedOutside), units=[]),
+        torch_sharded(seeded(TiedOutside), inner=[]), name="Tied")
+    ours, theirs = seeded(Dense), seeded(Dense)  # units as torch's calls: fc1, then the root
+    out["units chosen"] = side_by_side(
+        rank, world_size, FullyShardedDataParallel(ours, units=[ours.fc1]),
+        torch_sharded(theirs, inner=[theirs.fc1]))
+    out["no_sync, zero_grad, synced"] = no_sync_then_zero_grad(rank, world_size)
+    out["clip"] = clipped(rank, world_size)
+    return out
+
+
+def no_sync_then_zero_grad(rank, world_size):
+    """A backward under no_sync, opt.zero_grad(), a synchronized one: the gradients."""
+    ours, theirs = FullyShardedDataParallel(seeded(Dense)), torch_sharded(seeded(Dense))
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (ours, theirs)]
+    (x1, y1), (x2, y2) = batch("Dense", 0, world_size), batch("Dense", 1, world_size)
+    with ours.no_sync():
+        loss_of("Dense", ours(mine(x1, rank)), mine(y1, rank)).backward()
+    theirs.set_requires_gradient_sync(False)
+    loss_of("Dense", theirs(mine(x1, rank)), mine(y1, rank)).backward()
+    theirs.set_requires_gradient_sync(True)
+    for o in opts:
+        o.zero_grad()
+    for m in (ours, theirs):
+        loss_of("Dense", m(mine(x2, rank)), mine(y2, rank)).backward()
+    return full_grads(ours), torch_grads(theirs)
+
+
+def clipped(rank, world_size):
+    """clip_grad_norm_ of ours against torch.nn.utils.clip_grad_norm_ on fully_shard's DTensor
+    parameters (the global norm), 2-norm and max-norm; then one SGD step."""
+    out = {}
+    for norm_type, shard_all in itertools.product((2.0, float("inf")), (False, True)):
+        ours = FullyShardedDataParallel(seeded(Dense), shard_all=shard_all)
+        theirs = torch_sharded(seeded(Dense))
+        opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (ours, theirs)]
+        x, y = batch("Dense", 0, world_size)
+        for m in (ours, theirs):
+            loss_of("Dense", m(mine(x, rank)), mine(y, rank)).backward()
+        norms = (ours.clip_grad_norm_(0.5, norm_type),
+                 torch.nn.utils.clip_grad_norm_(theirs.parameters(), 0.5, norm_type).full_tensor())
+        grads = (full_grads(ours), torch_grads(theirs))
+        for o in opts:
+            o.step()
+        out[norm_type, shard_all] = {"norms": norms, "grads": grads, "params": (
+            ours.gather_full_params(), {n: p.full_tensor() for n, p in theirs.named_parameters()})}
     return out
 
 
@@ -327,7 +510,8 @@ def worker(rank, world_size):
                "torch": against_torch(rank, world_size), "holdings": holdings(rank, world_size),
                "accumulation": accumulation(rank, world_size),
                "checkpoints": checkpoints(rank, world_size), "errors": errors(rank, world_size),
-               "bytes": bytes_and_memory(rank, world_size)}
+               "bytes": bytes_and_memory(rank, world_size), "edges": edges(rank, world_size),
+               "kept": kept_against_torch_ddp(rank, world_size)}
     dist.barrier()  # our DDP's reducer done everywhere before the group goes
     return results
 
@@ -454,7 +638,7 @@ def test_full_optimizer_state_is_the_plain_optimizers(runs):
     ("pieces as state_dict", "ValueError", "one rank's piece"),
     ("other world size", "ValueError", "world size"),
     ("pieces as optimizer state", "ValueError", "one rank's piece"),
-    ("unused parameter", "RuntimeError", "head"),
+    ("units not submodules", "ValueError", "submodules"),
 ])
 def test_bad_input_gets_a_clear_error_on_every_rank(runs, case, kind, words):
     _, results = runs
@@ -464,16 +648,22 @@ def test_bad_input_gets_a_clear_error_on_every_rank(runs, case, kind, words):
         assert r["errors"]["untouched"], "a refused checkpoint changed the model"
 
 
-def test_zero3_sends_1_5x_and_zero2_1_0x_ddps_counted_bytes(runs):
+def test_zero3_sends_1_5x_less_the_kept_units_and_zero2_1_0x_ddps_counted_bytes(runs):
+    """Four equal units: DDP all-reduces 4 (2 units' worth of bytes each), ZeRO-3 gathers 4 in
+    forward, 4 less the 1 + prefetch kept in backward, and reduce-scatters 4."""
     _, results = runs
     b = results[0]["bytes"]
     for prefetch in (0, 1):
-        assert b["ZeRO-3", prefetch]["bytes"] == pytest.approx(1.5 * b["DDP"], rel=1e-12)
+        kept = 1 + prefetch
+        assert b["ZeRO-3", prefetch]["bytes"] == pytest.approx((12 - kept) / 8 * b["DDP"],
+                                                               rel=1e-12)
         assert b["ZeRO-2", prefetch]["bytes"] == pytest.approx(1.0 * b["DDP"], rel=1e-12)
-    # Forward: 4 gathers; backward: re-gather the last unit and prefetch one ahead, each
-    # unit's reduce-scatter as soon as its gradient is there.
+    # Forward: 4 gathers; backward: the last two units kept (prefetch 1), the next gathered
+    # ahead, each unit's reduce-scatter as soon as its gradient is there.
     kinds = [k[0] + k[-1] for k, _ in b["ZeRO-3", 1]["log"]]  # "ar": all_gather, "rr": reduce
-    assert kinds == ["ar"] * 6 + ["rr", "ar", "rr", "ar", "rr", "rr"]
+    assert kinds == ["ar"] * 4 + ["rr", "ar", "rr", "ar", "rr", "rr"]
+    kinds = [k[0] + k[-1] for k, _ in b["ZeRO-3", 0]["log"]]  # the last unit kept only
+    assert kinds == ["ar"] * 4 + ["rr", "ar", "rr", "ar", "rr", "ar", "rr"]
 
 
 def test_prefetch_starts_the_next_gather_before_the_unit_computes(runs):
@@ -497,6 +687,24 @@ def test_peak_memory_is_the_units_alive_at_once(runs):
             assert b[key]["memory"]["buffers"] == 0  # nothing left gathered after a step
 
 
+def test_zero3_keeps_the_units_that_finish_forward_last_within_the_peak(runs):
+    """After forward ZeRO-3 holds the last unit and the `prefetch` before it (the ones its
+    backward needs first), no more than it holds at once anyway; ZeRO-2 holds them all."""
+    _, results = runs
+    b = results[0]["bytes"]
+    for prefetch in (0, 1):
+        assert b["ZeRO-3", prefetch]["after_forward"] == (1 + prefetch) * b["unit"]
+        assert b["ZeRO-3", prefetch]["after_forward"] <= b["ZeRO-3", prefetch]["memory"][
+            "peak_buffers"]
+    assert b["ZeRO-2", 1]["after_forward"] == 4 * b["unit"]
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+def test_zero3_keeping_units_equals_torch_ddp(runs, prefetch):
+    for r in runs[1]:
+        close(*r["kept"][prefetch], atol=1e-6, rtol=1e-5)
+
+
 def test_world_size_1_equals_one_process_and_sends_nothing(alone):
     for got, want in zip(*alone["params"]["ZeRO-3"]):
         close(got, want, atol=1e-6, rtol=1e-5)
@@ -505,3 +713,69 @@ def test_world_size_1_equals_one_process_and_sends_nothing(alone):
     assert alone["sizes"] == [7 * 13, 13, 13, 13, 13 * 5, 5 * 3, 3]  # one piece: all of it
     assert alone["sent"] == 0
     close(alone["plain"], alone["params"]["ZeRO-3"][0][-1], atol=0, rtol=0)
+
+
+# ---- edges: each against torch's fully_shard --------------------------------------------------
+
+def close_or_none(got, want, **tol):
+    assert sorted(got) == sorted(want)
+    for n in want:
+        assert (got[n] is None) == (want[n] is None), f"{n}: ours {got[n]}, torch's {want[n]}"
+        if want[n] is not None:
+            torch.testing.assert_close(got[n], want[n], msg=lambda m, n=n: f"{n}: {m}", **tol)
+
+
+def same_history(history, **tol):
+    for (params, grads) in history:
+        close_or_none(*grads, **tol)
+        close(*params, **tol)
+
+
+@pytest.mark.parametrize("early_stop", [True, False], ids=["early_stop", "to_the_end"])
+@pytest.mark.parametrize("mode", MODES)
+def test_activation_checkpointing_equals_torch(runs, mode, early_stop):
+    """The recompute in backward uses the gathered weights and frees nothing: backward
+    still needs them."""
+    name = "Checkpointed" if early_stop else "CheckpointedToTheEnd"
+    for r in runs[1]:
+        same_history(r["edges"][name, mode], atol=1e-6, rtol=1e-5)
+
+
+def test_an_output_only_logged_leaves_its_gradients_none_as_torch(runs):
+    for r in runs[1]:
+        same_history(r["edges"]["logged"], atol=1e-6, rtol=1e-5)
+        assert r["edges"]["logged"][0][1][0]["aux.weight"] is None
+
+
+def test_bfloat16_casts_every_units_inputs_as_torch(runs):
+    """A float32 buffer added inside: fc1's input is cast too, as each fully_shard module's."""
+    for r in runs[1]:
+        same_history(r["edges"]["bfloat16 buffer"], atol=1e-2, rtol=1e-2)
+
+
+def test_root_only_unit_lets_the_root_use_a_weight_as_torch(runs):
+    for r in runs[1]:
+        same_history(r["edges"]["tied outside"], atol=1e-6, rtol=1e-5)
+
+
+def test_units_chosen_equal_torchs_fully_shard_calls(runs):
+    for r in runs[1]:
+        same_history(r["edges"]["units chosen"], atol=1e-6, rtol=1e-5)
+
+
+def test_no_sync_gradients_survive_zero_grad_for_every_parameter_as_torch(runs):
+    for r in runs[1]:
+        close_or_none(*r["edges"]["no_sync, zero_grad, synced"], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shard_all", [False, True], ids=["2d_sharded", "all_sharded"])
+@pytest.mark.parametrize("norm_type", [2.0, float("inf")], ids=["2norm", "maxnorm"])
+def test_clip_grad_norm_is_global_as_torch_on_dtensors(runs, norm_type, shard_all):
+    for r in runs[1]:
+        c = r["edges"]["clip"][norm_type, shard_all]
+        torch.testing.assert_close(c["norms"][0], c["norms"][1], atol=1e-6, rtol=1e-5)
+        close_or_none(*c["grads"], atol=1e-6, rtol=1e-5)
+        close(*c["params"], atol=1e-6, rtol=1e-5)
+    first = runs[1][0]["edges"]["clip"][norm_type, shard_all]["grads"][0]
+    for r in runs[1][1:]:  # replicated gradients stay identical across ranks
+        close_or_none(r["edges"]["clip"][norm_type, shard_all]["grads"][0], first, atol=0, rtol=0)

@@ -66,7 +66,7 @@ BOUNDS = {
     "09": [(r"after all (\d+) steps", ">=", 10)],
     "10": [(r"(\d+)% of a step computes", ">", 0)],
     "13": [(r"ZeRO-1 broadcast +[0-9.]+ KiB +([0-9.]+)x", "==", 1.5)],  # bytes, counted
-    "16": [(r"ZeRO-3 +[0-9.]+ KiB +([0-9.]+)x", "==", 1.5),  # bytes per step, counted
+    "16": [(r"ZeRO-3 +[0-9.]+ KiB +([0-9.]+)x", "==", 1.42),  # counted: (12 + 10 + 12) / 24
            (r"ZeRO-2 +[0-9.]+ KiB +([0-9.]+)x", "==", 1.0),
            (r"\n(?:DDP|ZeRO-\d) [^\n]* ([0-9.]+)x\n", "<=", 1.10),  # memory / formula (+ layers)
            (r"\n(?:DDP|ZeRO-\d) [^\n]* ([0-9.]+)x\n", ">=", 0.90)],

@@ -68,7 +68,7 @@ def _state(opt):
 def _memory_worker(rank, world_size):
     from dist_sgd.ddp.ddp import DistributedDataParallel
     from dist_sgd.shard.fsdp import FullyShardedDataParallel
-    from dist_sgd.shard.fsdp_io import Counted
+    from dist_sgd.comm.counted import Counted
     from dist_sgd.shard.zero import ShardedOptimizer
 
     x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(rank))

@@ -8,4 +8,5 @@
     ring_pipelined  the ring tuned for big tensors (speed work beside the textbook ring)
     ringviz         the ring replayed from its trace: a table and a GIF
     flat            many tensors as one flat buffer and back (buckets, flat all-reduces)
+    counted         collectives started asynchronously, their bytes logged (FSDP, lessons)
 """

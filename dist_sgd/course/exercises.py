@@ -88,6 +88,25 @@ EXERCISES = (
          "Several checkpoints in one folder: write step-{step:08d}/ and then a small file "
          "naming it (latest); load reads that name. Return {\"step\": step} from the load."),
         world_sizes=(1, 2, 3)),
+    Exercise(
+        "fsdp_unit", "16", "dist_sgd.shard.fsdp", ("_Unit",),
+        "one FSDP unit's gather (all-gather each flat piece into a storage grown for it), free "
+        "(the storage back to 0 bytes) and reduce-scatter (each rank gets the mean of its piece "
+        "of the gradient)",
+        ("Shard i's full flat tensor is self.tensor(i, (self.numels[i],)) once its storage is "
+         "resized to numels[i] * itemsize(dtypes[i]) bytes; .split(s.size) cuts it into the p "
+         "pieces an all-gather fills: self.comm.start(\"all_gather\", pieces, my_piece).",
+         "Cast your piece to self.dtypes[i] before sending, keep it in self.works with the "
+         "handle until the gather is done, and count self.nbytes in self.memory. free(): wait "
+         "first (a gather in flight writes into the storage), then storage.resize_(0).",
+         "Reduce-scatter: a gradient of s.numel elements padded with zeros to s.size * p (plus "
+         "s.accumulated if no_sync kept one); under sync=False keep that as s.accumulated. "
+         "Otherwise out = s.param.new_empty(s.size) and "
+         "self.comm.start(\"reduce_scatter\", out, list(flat.split(s.size))).",
+         "finish_reduce(): wait for each handle, divide out by self.world_size (the sum -> the "
+         "mean), then s.param.grad = out, or add it when .grad is already there; empty "
+         "self.reducing and count the flat buffers' bytes back out of self.memory."),
+        world_sizes=(1, 2, 3)),
 )
 
 _BY_NAME = {e.name: e for e in EXERCISES}

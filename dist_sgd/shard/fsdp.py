@@ -17,44 +17,160 @@ optimizer state; ZeRO-1 (lesson 13) shards only the state, so with float32 and A
    (biases, norm weights) stay whole on every rank and their gradients are all-reduced as in
    DDP: sharding them saves a few bytes for a message each (CS336's rule). shard_all=True
    shards them too, as torch's fully_shard does.
-2. Gather, compute, free. A unit is a submodule that owns sharded parameters. Before it runs,
-   its full parameters are all-gathered; after, they are freed (reshard_after_forward=True:
-   ZeRO-3) or kept until its backward (False: ZeRO-2, one gather fewer, all units at once).
+2. Gather, compute, free. A unit (_Unit, torch's FSDPParamGroup) is a module and the sharded
+   parameters of its subtree that no unit inside it owns; it gathers, waits, frees and
+   reduce-scatters them, the wrapper orders when. By default every module owning parameters
+   is a unit; units=[m, ...] chooses them as torch's fully_shard calls do (the root is always
+   one: units=[] gathers everything for the whole forward, so the root may use a submodule's
+   weight itself). Before a unit runs, its full parameters are all-gathered; after, they are
+   freed (reshard_after_forward=True: ZeRO-3) or kept until its backward (False: ZeRO-2, one
+   gather fewer, all units at once).
 3. Reduce-scatter. The backward of an all-gather is a reduce-scatter: rank r needs only the
    sum of everyone's gradient over its own piece. Each unit's gradient is reduce-scattered as
    soon as autograd produces it, then divided by p (the mean over ranks, as in DDP).
 4. Prefetch. The next `prefetch` units' all-gathers start while the current unit computes,
    in forward and in backward, so the wire works while the cores do; at most 1 + prefetch
    units are gathered at once (CS336: gather a layer once the one two before it is done).
+   Backward starts with the units that finished forward last, and nothing computes yet to
+   hide their re-gathers behind: so under ZeRO-3 those stay gathered from their forward to
+   their backward (torch does so for its root), the last one and the `prefetch` before it,
+   as many as are gathered at once anyway: the peak stays 1 + prefetch units gathered.
 
 Bytes each rank sends per step, N = the parameters' bytes: DDP's all-reduce 2(p-1)/p N;
-ZeRO-3 gathers twice and reduces once, 3(p-1)/p N = 1.5x; ZeRO-2 1.0x (bytes_per_step()
-counts what the last step issued); memory() what a rank holds, tensor by tensor.
+ZeRO-3 gathers twice and reduces once, 3(p-1)/p N = 1.5x, less one gather of each unit kept
+(4 equal units, prefetch 1: 1.25x); ZeRO-2 1.0x (bytes_per_step() counts what the last step
+issued; the first step knows no order yet: no prefetch, nothing kept); memory() what a rank
+holds, tensor by tensor.
 compute_dtype=torch.float16 / bfloat16: the shards are cast
-before the all-gather (half the bytes) and the module computes in that dtype (floating inputs
-are cast, outputs come out in it); shards, gradients (reduced in float32) and optimizer state
-stay float32. collectives="ours": dist_sgd.comm.collectives' all_gather / reduce_scatter /
-all_reduce (run on the one ordered helper thread of dist_sgd.ddp.hooks), "torch": torch's.
+before the all-gather (half the bytes) and the module computes in that dtype (the floating
+inputs of the root and of every unit are cast, as torch casts each fully_shard module's;
+outputs come out in it); shards, gradients (reduced in float32) and optimizer state stay
+float32. collectives="ours": dist_sgd.comm.collectives' all_gather / reduce_scatter /
+all_reduce (run on the one ordered helper thread of dist_sgd.ddp.hooks), "torch": torch's;
+either through dist_sgd.comm.counted, which logs what is sent.
+
+As torch's: no_sync() keeps every gradient aside at full size, so opt.zero_grad() before the
+synchronized backward loses none; clip_grad_norm_() clips by the norm of the whole model (all
+ranks' pieces), as torch.nn.utils.clip_grad_norm_ on fully_shard's DTensor parameters does;
+activation checkpointing (torch.utils.checkpoint, use_reentrant=False) recomputes on the
+gathered weights; a parameter that gets no gradient (an output only logged) keeps its .grad
+(None after zero_grad). Every rank must leave out the same ones: collectives pair by order.
 
 Not supported, with a clear error: sparse gradients; wrapping twice; an optimizer built from
-the parameters of before the wrapping; a parameter that gets no gradient in a backward pass
-(every rank must use every parameter, as torch DDP without find_unused_parameters). Buffers
-(BatchNorm statistics) are not synchronized, as in torch's fully_shard. Checkpoints:
-state_dict() is the plain module's, gathered (see fsdp_io.py).
+the parameters of before the wrapping. Buffers (BatchNorm statistics) are not synchronized,
+as in torch's fully_shard. Checkpoints: state_dict() is the plain module's, gathered (see
+dist_sgd/faults/fsdp_checkpoint.py).
 """
 import contextlib
+import math
+import weakref
 
 import torch
 import torch.nn as nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from dist_sgd.comm import collectives as ours
+from dist_sgd.comm.counted import Counted
+from dist_sgd.course.mine import swap_in
 from dist_sgd.ddp.hooks import call_when_backward_ends
 from dist_sgd.faults import fsdp_checkpoint
 from dist_sgd.plumbing.rank import world
 from dist_sgd.shard import fsdp_io
-from dist_sgd.shard.fsdp_io import Counted, cast, check_module, itemsize, retire, tensors
 from dist_sgd.sgd.sync import broadcast_parameters
 
+
+# ---- what the wrapper refuses, and the small tools it computes with ------------------------
+
+def check_module(module, prefetch, units):
+    """What the wrapper refuses, before it changes anything."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"FullyShardedDataParallel wraps an nn.Module, got {type(module)}")
+    if not list(module.parameters()):
+        raise ValueError("FullyShardedDataParallel: the module has no parameters: nothing to shard")
+    if getattr(module, "_fsdp_wrapped", False):
+        raise ValueError("this module is wrapped by FullyShardedDataParallel already (its "
+                         "parameters are pieces): wrap the plain module, once")
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ValueError(f"prefetch must be an integer >= 0, got {prefetch!r}")
+    inside = set(module.modules())
+    if units is not None and (isinstance(units, nn.Module) or not all(
+            isinstance(m, nn.Module) and m in inside for m in units)):
+        raise ValueError("units must be a list of submodules of the wrapped module (each one "
+                         "gathers its parameters as one unit), got "
+                         f"{type(units).__name__ if isinstance(units, nn.Module) else units!r}")
+    for name, m in module.named_modules():
+        if getattr(m, "sparse", False):
+            raise ValueError(f"{name or 'the module'} has sparse gradients (sparse=True): a sparse "
+                             "gradient cannot be reduce-scattered into a dense piece")
+
+
+_RETIRED = {}  # id -> weakref of each parameter a wrapper replaced by its shard
+_REFUSING = []  # the optimizer hook, once per process
+
+
+def retire(param):
+    """`param` was replaced by its shard: an optimizer that still holds it (built before the
+    wrapping) raises at step() instead of silently updating nothing."""
+    _RETIRED[id(param)] = weakref.ref(param)
+    if _REFUSING:
+        return
+
+    def check(optimizer, args, kwargs):
+        if any(id(p) in _RETIRED and _RETIRED[id(p)]() is p
+               for g in optimizer.param_groups for p in g["params"]):
+            raise RuntimeError("this optimizer holds parameters of the module as it was before "
+                               "FullyShardedDataParallel sharded it (they get no gradient): build "
+                               "the optimizer from model.parameters() after wrapping")
+
+    _REFUSING.append(register_optimizer_step_pre_hook(check))
+
+
+def itemsize(dtype):
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def tensors(x):
+    """The tensors in a module's output (a tensor, or lists, tuples, dicts of them)."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in tensors(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in tensors(v)]
+    return []
+
+
+def cast(x, dtype):
+    """x with every floating-point tensor in it cast to dtype (compute_dtype's inputs)."""
+    if isinstance(x, torch.Tensor):
+        return x.to(dtype) if x.is_floating_point() else x
+    if isinstance(x, (list, tuple)):
+        return type(x)(cast(v, dtype) for v in x)
+    if isinstance(x, dict):
+        return {k: cast(v, dtype) for k, v in x.items()}
+    return x
+
+
+def recomputing():
+    """True while autograd's engine runs a backward pass on this thread: a forward then is the
+    recompute of activation checkpointing (torch.utils.checkpoint). The graph task id is the
+    private name of what torch.utils.checkpoint itself asks; -1 outside a backward pass."""
+    return torch._C._current_graph_task_id() != -1
+
+
+class _Memory:
+    """The bytes of the buffers held now (gathered units, gradients being reduced), and the
+    most held at once since the last reset."""
+
+    def __init__(self):
+        self.live = self.peak = 0
+
+    def count(self, nbytes):
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+
+
+# ---- one parameter's piece, and one unit's gather, free and reduce-scatter ----------------
 
 class _Shard:
     """One sharded parameter: this rank's piece (the Parameter the module now holds), and the
@@ -71,208 +187,90 @@ class _Shard:
 
 
 class _Unit:
-    """A module owning sharded parameters. Its gathered full parameters live in storages that
-    are resized to 0 bytes when freed: tensors autograd saved come back when re-gathered."""
+    """A module and the sharded parameters of its subtree that no unit inside it owns, as
+    torch's FSDPParamGroup: it gathers them, waits, frees them and reduce-scatters their
+    gradients; the wrapper decides when. The gathered full parameters live in storages that
+    are resized to 0 bytes when freed: tensors autograd saved come back when re-gathered.
 
-    def __init__(self, name, module, names, shards, compute_dtype, world_size):
-        self.name, self.module, self.names, self.shards = name, module, names, shards
+    state: "free" (storages of 0 bytes) -> gather(): "gathering" (self.works: the (handle,
+    piece) of each all-gather in flight) -> wait(): "gathered" -> free(): "free". Collectives
+    go through self.comm.start(name, *args) (counted, asynchronous: a handle with .wait());
+    self.memory.count(+/- bytes) follows the buffers held; self.reducing: the (shard, out,
+    handle, flat) of each reduce-scatter in flight."""
+
+    def __init__(self, name, module, places, shards, compute_dtype, comm, memory, world_size):
+        self.name, self.module, self.shards = name, module, shards
+        self.places = places  # (submodule, parameter name, index in shards): where each goes
+        self.comm, self.memory, self.world_size = comm, memory, world_size
         self.dtypes = [compute_dtype or s.param.dtype for s in shards]
         self.storages = [torch.empty(0, dtype=d, device=s.param.device).untyped_storage()
                          for s, d in zip(shards, self.dtypes)]
         self.numels = [s.size * world_size for s in shards]  # gathered, padding included
         self.nbytes = sum(n * itemsize(d) for n, d in zip(self.numels, self.dtypes))
-        self.works, self.state, self.owed = [], "free", 0
+        self.works, self.state, self.reducing = [], "free", []
 
     def tensor(self, i, shape):
         """A fresh tensor on shard i's gathered storage: autograd's saved ones see no write."""
         return torch.empty(0, dtype=self.dtypes[i], device=self.shards[i].param.device).set_(
             self.storages[i], 0, shape)
 
-    def full(self, i):
-        return self.tensor(i, self.shards[i].shape)
-
-
-class _Gather(torch.autograd.Function):
-    """Shards in, full parameters out (gathered before); its backward reduce-scatters."""
-
-    @staticmethod
-    def forward(ctx, fsdp, unit, *shards):
-        ctx.fsdp, ctx.unit = fsdp, unit
-        return tuple(unit.full(i) for i in range(len(shards)))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        ctx.fsdp._post_backward(ctx.unit, grads)
-        return (None, None) + (None,) * len(grads)  # the shards' .grad: written when reduced
-
-
-class FullyShardedDataParallel(nn.Module):
-    """See the module docstring. prefetch: how many units are gathered ahead (0: none)."""
-
-    def __init__(self, module, compute_dtype=None, reshard_after_forward=True, shard_all=False,
-                 prefetch=1, collectives="torch", init_sync=True):
-        super().__init__()
-        self.rank, self.world_size = world("FullyShardedDataParallel")
-        check_module(module, prefetch)
-        self.comm, self.module, self.compute_dtype = Counted(collectives), module, compute_dtype
-        self.reshard_after_forward, self.prefetch = reshard_after_forward, prefetch
-        if init_sync:  # every rank cuts its pieces from rank 0's weights
-            broadcast = ours.broadcast if collectives == "ours" else None
-            broadcast_parameters(module, broadcast=broadcast)
-        self.units, self.replicated, made = [], {}, {}
-        self._mname = {}  # module -> its name in the module (for error messages)
-        for mname, m in module.named_modules():
-            self._mname[m] = mname
-            names, shards = [], []
-            for pname, p in list(m._parameters.items()):
-                if p is None:
-                    continue
-                if p.numel() and (shard_all or p.dim() >= 2):
-                    s = made.setdefault(id(p), None) or _Shard(p, self.rank, self.world_size)
-                    made[id(p)] = s  # a tied parameter: one shard, gathered by each user
-                    m._parameters[pname] = s.param  # the same name and place: now the piece
-                    retire(p)  # an optimizer built from the old parameter refuses to step
-                    names.append(pname)
-                    shards.append(s)
-                else:
-                    self.replicated.setdefault(m, []).append(pname)
-            if shards:
-                self.units.append(_Unit(mname, m, names, shards, compute_dtype, self.world_size))
-        module._fsdp_wrapped = True
-        pieces = {id(s.param): s for s in made.values()}  # every name of a piece (tied: several)
-        self.shards_by_name = {n: pieces[id(p)] for n, p in
-                               module.named_parameters(remove_duplicate=False) if id(p) in pieces}
-        self._unit_of = {u.module: u for u in self.units}
-        for m in set(self.replicated) | set(self._unit_of):
-            m.register_forward_pre_hook(self._pre_forward)
-            m.register_forward_hook(self._post_forward)
-        for p in {id(p): p for m, names in self.replicated.items()
-                  for p in (m._parameters[n] for n in names) if p.requires_grad}.values():
-            p.register_post_accumulate_grad_hook(self._replicated_ready)
-        self.require_backward_grad_sync, self._in_backward, self._in_flight = True, False, []
-        self._plan, self._order, self._live, self.peak_live = list(self.units), [], 0, 0
-        self._open_step()
-
-    # ---- gather and free: the full parameters exist only between these two ---------------
-
-    def _gather(self, unit):
-        if unit.state != "free":
+    def gather(self):
+        """Start the all-gathers of every shard into the full storages (nothing if started)."""
+        if self.state != "free":
             return
-        for i, (s, storage, numel) in enumerate(zip(unit.shards, unit.storages, unit.numels)):
-            storage.resize_(numel * itemsize(unit.dtypes[i]))
-            flat = unit.tensor(i, (numel,))
-            piece = s.param.detach().to(unit.dtypes[i])  # cast first: float16 halves the bytes
+        # ---- exercise fsdp_unit: grow each storage, start all-gathering the pieces into it
+        for i, (s, storage, numel) in enumerate(zip(self.shards, self.storages, self.numels)):
+            storage.resize_(numel * itemsize(self.dtypes[i]))
+            flat = self.tensor(i, (numel,))
+            piece = s.param.detach().to(self.dtypes[i])  # cast first: float16 halves the bytes
             work = self.comm.start("all_gather", list(flat.split(s.size)), piece)
-            unit.works.append((work, piece))  # the piece stays alive until the gather is done
-        unit.state = "gathering"
-        self._count(unit.nbytes)
+            self.works.append((work, piece))  # the piece stays alive until the gather is done
+        self.state = "gathering"
+        self.memory.count(self.nbytes)
+        # ---- end of exercise
 
-    def _wait(self, unit):
-        self._gather(unit)
-        for work, _ in unit.works:
+    def wait(self):
+        self.gather()
+        for work, _ in self.works:
             work.wait()
-        unit.works, unit.state = [], "gathered"
+        self.works, self.state = [], "gathered"
 
-    def _free(self, unit):
-        if unit.state != "free":
-            self._wait(unit)  # a gather in flight writes into the storage: let it land first
-            for storage in unit.storages:
+    def free(self):
+        """Give the full parameters' bytes back; the tensors on the storages stay valid."""
+        # ---- exercise fsdp_unit: wait for a gather in flight, then shrink each storage to 0
+        if self.state != "free":
+            self.wait()  # a gather in flight writes into the storage: let it land first
+            for storage in self.storages:
                 storage.resize_(0)
-            unit.state = "free"
-            self._count(-unit.nbytes)
+            self.state = "free"
+            self.memory.count(-self.nbytes)
+        # ---- end of exercise
 
-    def _count(self, nbytes):
-        self._live += nbytes
-        self.peak_live = max(self.peak_live, self._live)
+    def install(self, post_backward=None):
+        """Put the full parameters where the modules find them (module.__dict__ comes before
+        _parameters). post_backward given: through _Gather, whose backward calls it; else
+        plain tensors on the same storages (no_grad, or activation checkpointing's recompute,
+        whose graph autograd never runs backward through)."""
+        self.wait()
+        pieces = [s.param for s in self.shards]
+        trained = any(p.requires_grad for p in pieces)
+        if post_backward is not None and trained:
+            fulls = _Gather.apply(post_backward, self, *pieces)
+        else:  # recompute: requires_grad as _Gather's outputs, so autograd saves the same
+            fulls = [self.tensor(i, s.shape).requires_grad_(trained and torch.is_grad_enabled())
+                     for i, s in enumerate(self.shards)]
+        for module, pname, i in self.places:
+            module.__dict__[pname] = fulls[i]
 
-    # ---- forward ------------------------------------------------------------------------
-
-    def forward(self, *args, **kwargs):
-        if not self._in_backward:
-            self._open_step()
-        if self.compute_dtype is not None:
-            args, kwargs = cast((args, kwargs), self.compute_dtype)
-        out = self.module(*args, **kwargs)
-        if not torch.is_grad_enabled():  # no backward will come: nothing stays gathered
-            for unit in self.units:
-                self._free(unit)
-        return out
-
-    def _open_step(self):
-        """A step starts at each forward: the order of units seen becomes the next plan."""
-        self._plan = self._order or self._plan
-        for unit in self.units:
-            self._free(unit)
-            unit.owed = 0
-        self.comm.log.clear()
-        self.peak_live = self._live
-        self._order, self._ran, self._reduces = [], [], []
-        self._ran_modules, self._got = set(), set()
-        self._sync = self.require_backward_grad_sync  # decided at forward, as in DDP
-
-    def _pre_forward(self, module, args):
-        if torch.is_grad_enabled():
-            self._ran_modules.add(module)
-        for pname in self.replicated.get(module, []) if self.compute_dtype else []:
-            p = module._parameters[pname]
-            module.__dict__[pname] = p.to(self.compute_dtype)  # differentiable: grads stay fp32
-        unit = self._unit_of.get(module)
-        if unit is None:
-            return
-        k = len(self._order)
-        self._order.append(unit)
-        self._wait(unit)
-        if k < len(self._plan) and self._plan[k] is unit:  # as last step: gather ahead
-            for ahead in self._plan[k + 1:k + 1 + self.prefetch]:
-                self._gather(ahead)
-        shards = [s.param for s in unit.shards]
-        if torch.is_grad_enabled() and any(p.requires_grad for p in shards):
-            fulls = _Gather.apply(self, unit, *shards)
-            unit.owed += 1  # a backward is due
-        else:
-            fulls = [unit.full(i) for i in range(len(shards))]
-        for pname, full in zip(unit.names, fulls):
-            module.__dict__[pname] = full  # found before _parameters: the module computes on it
-
-    def _post_forward(self, module, args, output):
-        unit = self._unit_of.get(module)
-        for pname in self.replicated.get(module, []) + (unit.names if unit else []):
+    def uninstall(self):
+        for module, pname, _ in self.places:
             module.__dict__.pop(pname, None)  # module.weight is the piece again
-        if unit is None:
-            return
-        if torch.is_grad_enabled():
-            self._ran.append(unit)
-            for t in tensors(output):  # autograd reaches the unit's output: its backward starts
-                if t.requires_grad:
-                    t.register_hook(lambda grad, u=unit: self._pre_backward(u))
-        if self.reshard_after_forward or not torch.is_grad_enabled():
-            self._free(unit)
 
-    # ---- backward -----------------------------------------------------------------------
-
-    def _backward_starts(self):
-        if not self._in_backward:
-            self._in_backward, self._next = True, len(self._ran) - 1
-            call_when_backward_ends(self.finish_gradient_synchronization)
-
-    def _pre_backward(self, unit):
-        """Re-gather the unit (ZeRO-3) and start gathering the next ones in backward order."""
-        self._backward_starts()
-        self._wait(unit)
-        where = [j for j in range(self._next, -1, -1) if self._ran[j] is unit]
-        if where:
-            self._next = where[0]
-            for j in range(where[0] - 1, max(where[0] - 1 - self.prefetch, -1), -1):
-                self._gather(self._ran[j])
-
-    def _post_backward(self, unit, grads):
-        """The unit's full gradients: free the unit, reduce-scatter each into its shard."""
-        self._backward_starts()
-        unit.owed -= 1
-        self._free(unit)
-        if self._sync:
-            self._drain()  # one unit's reduce-scatters in flight at a time: memory stays bounded
-        for s, grad in zip(unit.shards, grads):
+    def reduce_scatter(self, grads, sync):
+        """Start reducing each full gradient into its shard's .grad (sync); under no_sync keep
+        the full sum for the next synchronized backward instead."""
+        # ---- exercise fsdp_unit: pad each gradient (plus no_sync's sum), start reduce-scatters
+        for s, grad in zip(self.shards, grads):
             if not s.param.requires_grad:
                 continue
             if (grad is not None and s.numel == s.size * self.world_size and grad.is_contiguous()
@@ -284,62 +282,276 @@ class FullyShardedDataParallel(nn.Module):
                     flat[:s.numel] = grad.reshape(-1)
                 if s.accumulated is not None:
                     flat += s.accumulated
-            if not self._sync:  # no_sync: keep the full sum for the next synchronized backward
+            if not sync:
                 s.accumulated = flat
                 continue
             s.accumulated, out = None, s.param.new_empty(s.size)
             work = self.comm.start("reduce_scatter", out, list(flat.split(s.size)))
-            self._in_flight.append((s, out, work, flat))
-            self._count(flat.numel() * flat.element_size())
+            self.reducing.append((s, out, work, flat))
+            self.memory.count(flat.numel() * flat.element_size())
+        # ---- end of exercise
 
-    def _drain(self):
-        for s, out, work, flat in self._in_flight:
+    def finish_reduce(self):
+        """Wait for the reduce-scatters in flight; each shard's .grad gets the mean."""
+        # ---- exercise fsdp_unit: wait for each, divide by p, set or add to the shard's .grad
+        for s, out, work, flat in self.reducing:
             work.wait()
             out.div_(self.world_size)  # the sum over ranks -> the mean
             s.param.grad = out if s.param.grad is None else s.param.grad.add_(out)
-            self._count(-flat.numel() * flat.element_size())
-        self._in_flight = []
+            self.memory.count(-flat.numel() * flat.element_size())
+        self.reducing = []
+        # ---- end of exercise
+
+
+class _Gather(torch.autograd.Function):
+    """Shards in, full parameters out (gathered before); its backward reduce-scatters."""
+
+    @staticmethod
+    def forward(ctx, post_backward, unit, *shards):
+        ctx.post_backward, ctx.unit = post_backward, unit
+        return tuple(unit.tensor(i, s.shape) for i, s in enumerate(unit.shards))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.post_backward(ctx.unit, grads)
+        return (None, None) + (None,) * len(grads)  # the shards' .grad: written when reduced
+
+
+def _owners(module, chosen):
+    """{submodule: the chosen module nearest above it (itself included)}: whose unit holds its
+    parameters, as torch's fully_shard assigns a parameter to the innermost call around it."""
+    owner = {}
+
+    def walk(m, own):
+        own = m if m in chosen else own
+        owner.setdefault(m, own)  # a module reached twice stays with the first
+        for child in m.children():
+            walk(child, own)
+
+    walk(module, module)
+    return owner
+
+
+# ---- the wrapper: it decides when each unit gathers, frees and reduces --------------------
+
+class FullyShardedDataParallel(nn.Module):
+    """See the module docstring. prefetch: how many units are gathered ahead (0: none).
+    units: None, every module owning parameters is a unit; else the submodules that are,
+    besides the root (torch: the modules fully_shard is called on)."""
+
+    def __init__(self, module, compute_dtype=None, reshard_after_forward=True, shard_all=False,
+                 prefetch=1, collectives="torch", init_sync=True, units=None):
+        super().__init__()
+        self.rank, self.world_size = world("FullyShardedDataParallel")
+        check_module(module, prefetch, units)
+        self.comm, self.module, self.compute_dtype = Counted(collectives), module, compute_dtype
+        self.reshard_after_forward, self.prefetch = reshard_after_forward, prefetch
+        if init_sync:  # every rank cuts its pieces from rank 0's weights
+            broadcast = ours.broadcast if collectives == "ours" else None
+            broadcast_parameters(module, broadcast=broadcast)
+        sharded = lambda p: p.numel() and (shard_all or p.dim() >= 2)  # noqa: E731
+        if units is None:
+            units = [m for m in module.modules() if any(
+                p is not None and sharded(p) for p in m._parameters.values())]
+        owner = _owners(module, set(units) | {module})
+        self.memory_count, self.replicated, made = _Memory(), {}, {}
+        places, shards = {}, {}  # per owner: where each full parameter goes; its shards
+        for m in module.modules():
+            for pname, p in list(m._parameters.items()):
+                if p is None:
+                    continue
+                if not sharded(p):
+                    self.replicated.setdefault(m, []).append(pname)
+                    continue
+                s = made.setdefault(id(p), None) or _Shard(p, self.rank, self.world_size)
+                made[id(p)] = s  # a tied parameter: one shard, gathered by each unit using it
+                m._parameters[pname] = s.param  # the same name and place: now the piece
+                retire(p)  # an optimizer built from the old parameter refuses to step
+                mine = shards.setdefault(owner[m], [])
+                if s not in mine:
+                    mine.append(s)
+                places.setdefault(owner[m], []).append((m, pname, mine.index(s)))
+        names = {m: name for name, m in module.named_modules()}
+        self.units = [_Unit(names[m], m, places[m], shards[m], compute_dtype, self.comm,
+                            self.memory_count, self.world_size) for m in module.modules()
+                      if m in shards]
+        module._fsdp_wrapped = True
+        pieces = {id(s.param): s for s in made.values()}  # every name of a piece (tied: several)
+        self.shards_by_name = {n: pieces[id(p)] for n, p in
+                               module.named_parameters(remove_duplicate=False) if id(p) in pieces}
+        self._unit_of = {u.module: u for u in self.units}
+        for m in set(self.replicated) | set(self._unit_of):
+            m.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
+            m.register_forward_hook(self._post_forward)
+        self._replicated_params = list({id(p): p for m, ns in self.replicated.items()
+                                        for p in (m._parameters[n] for n in ns)
+                                        if p.requires_grad}.values())
+        for p in self._replicated_params:
+            p.register_post_accumulate_grad_hook(self._replicated_ready)
+        self.require_backward_grad_sync, self._in_backward = True, False
+        self._plan, self._order, self._ran, self._keep = list(self.units), [], [], set()
+        self._accumulated, self._before = {}, {}  # replicated parameters under no_sync
+        self._open_step()
+
+    # ---- forward ------------------------------------------------------------------------
+
+    def forward(self, *args, **kwargs):
+        if not self._in_backward:
+            self._open_step()
+        if self.compute_dtype is not None:
+            args, kwargs = cast((args, kwargs), self.compute_dtype)
+        out = self.module(*args, **kwargs)
+        if not torch.is_grad_enabled():  # no backward will come: nothing stays gathered
+            for unit in self.units:
+                unit.free()
+        return out
+
+    def _open_step(self):
+        """A step starts at each forward: the order of units seen becomes the next plan, and
+        the units that finished forward last stay gathered for backward, which needs them
+        first (torch keeps its root's): the last one and the `prefetch` before it, the ones
+        backward would gather at once, before any computation could hide their gathers."""
+        self._plan = self._order or self._plan
+        last = list({id(u): u for u in reversed(self._ran)}.values())
+        self._keep = set(last[:1 + self.prefetch]) if self.reshard_after_forward else set()
+        for unit in self.units:
+            unit.free()
+        self.comm.log.clear()
+        self.memory_count.peak = self.memory_count.live
+        self._order, self._ran, self._reduces = [], [], []
+        self._sync = self.require_backward_grad_sync  # decided at forward, as in DDP
+        self._before = {} if self._sync else {  # .grad as it was: no_sync leaves it so
+            p: None if p.grad is None else p.grad.clone() for p in self._replicated_params}
+
+    def _pre_forward(self, module, args, kwargs):
+        for pname in self.replicated.get(module, []) if self.compute_dtype else []:
+            p = module._parameters[pname]
+            module.__dict__[pname] = p.to(self.compute_dtype)  # differentiable: grads stay fp32
+        unit = self._unit_of.get(module)
+        if unit is not None and recomputing():  # activation checkpointing: values only
+            unit.install()  # the original forward's gather gets the gradient
+        elif unit is not None:
+            k = len(self._order)
+            self._order.append(unit)
+            unit.wait()
+            if k < len(self._plan) and self._plan[k] is unit:  # as last step: gather ahead
+                for ahead in self._plan[k + 1:k + 1 + self.prefetch]:
+                    ahead.gather()
+            unit.install(self._post_backward if torch.is_grad_enabled() else None)
+        if self.compute_dtype is not None:  # as torch casts each fully_shard module's inputs
+            return cast((args, kwargs), self.compute_dtype)
+
+    def _post_forward(self, module, args, output):
+        unit = self._unit_of.get(module)
+        for pname in self.replicated.get(module, []):
+            module.__dict__.pop(pname, None)
+        if unit is None:
+            return
+        unit.uninstall()
+        if recomputing():
+            return  # its backward is on its way: it stays gathered until then
+        if torch.is_grad_enabled():
+            self._ran.append(unit)
+            for t in tensors(output):  # autograd reaches the unit's output: its backward starts
+                if t.requires_grad:
+                    t.register_hook(lambda grad, u=unit: self._pre_backward(u))
+        if not torch.is_grad_enabled() or self.reshard_after_forward and unit not in self._keep:
+            unit.free()
+
+    # ---- backward -----------------------------------------------------------------------
+
+    def _backward_starts(self):
+        if not self._in_backward:
+            self._in_backward, self._next = True, len(self._ran) - 1
+            call_when_backward_ends(self.finish_gradient_synchronization)
+
+    def _pre_backward(self, unit):
+        """Re-gather the unit (ZeRO-3) and start gathering the next ones in backward order."""
+        self._backward_starts()
+        unit.wait()
+        where = [j for j in range(self._next, -1, -1) if self._ran[j] is unit]
+        if where:
+            self._next = where[0]
+            for j in range(where[0] - 1, max(where[0] - 1 - self.prefetch, -1), -1):
+                self._ran[j].gather()
+
+    def _post_backward(self, unit, grads):
+        """The unit's full gradients: free the unit, reduce-scatter each into its shard."""
+        self._backward_starts()
+        unit.free()
+        if self._sync:  # one unit's reduce-scatters in flight at a time: memory stays bounded
+            for other in self.units:
+                other.finish_reduce()
+        unit.reduce_scatter(grads, self._sync)
 
     def _replicated_ready(self, param):
         self._backward_starts()
-        self._got.add(id(param))
-        if self._sync:
-            param.grad.div_(self.world_size)  # divide first, then sum: the mean, as DDP does
-            self._reduces.append(self.comm.start("all_reduce", param.grad))
+        if not self._sync:  # no_sync: this backward's gradient aside; .grad as it was
+            before = self._before.get(param)
+            new = param.grad if before is None else param.grad - before
+            kept = self._accumulated.get(param)
+            self._accumulated[param] = new if kept is None else kept.add_(new)
+            param.grad = before
+            return
+        kept = self._accumulated.pop(param, None)
+        if kept is not None:
+            param.grad.add_(kept)
+        param.grad.div_(self.world_size)  # divide first, then sum: the mean, as DDP does
+        self._reduces.append(self.comm.start("all_reduce", param.grad))
 
     def finish_gradient_synchronization(self):
         """Wait for every reduction in flight: after it, every Parameter's .grad has the shape
-        and dtype of its data. Autograd calls it when backward ends; again, it does nothing."""
+        and dtype of its data. Autograd calls it when backward ends; again, it does nothing.
+        A parameter whose gradient did not come (an output only logged) keeps its .grad, as
+        in torch: every rank must skip the same ones (collectives pair up by order)."""
         if not self._in_backward:
             return
         try:
-            self._drain()
+            for unit in self.units:
+                unit.finish_reduce()
             for work in self._reduces:
                 work.wait()
-            missing = sorted({u.name for u in self._ran if u.owed > 0} | {
-                f"{self._mname[m]}.{n}".lstrip(".") for m in self._ran_modules
-                for n in self.replicated.get(m, [])
-                if m._parameters[n].requires_grad and id(m._parameters[n]) not in self._got})
-            if missing:
-                raise RuntimeError(f"FullyShardedDataParallel on rank {self.rank}: {missing} got "
-                                   "no gradient in this backward pass; every rank must use every "
-                                   "parameter in every step (collectives pair up by order). Freeze "
-                                   "what is unused (requires_grad_(False)) before wrapping")
         finally:
             self._reduces, self._in_backward = [], False
             for unit in self.units:
-                self._free(unit)
-                unit.owed = 0
+                unit.free()
 
     @contextlib.contextmanager
     def no_sync(self):
         """Backward passes inside accumulate gradients without communicating (at full size,
-        as in torch); the first backward after it reduce-scatters the sum."""
+        aside from .grad, as in torch); the first backward after it reduces the sum, also
+        when opt.zero_grad() came between."""
         previous, self.require_backward_grad_sync = self.require_backward_grad_sync, False
         try:
             yield
         finally:
             self.require_backward_grad_sync = previous
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """torch.nn.utils.clip_grad_norm_ over the whole model: the norm of every rank's
+        pieces together with the replicated gradients (counted once), the same on every rank,
+        and every gradient scaled by the same factor. Returns the norm (collective)."""
+        norm_type = float(norm_type)
+        pieces = {id(s.param): s.param for s in self.shards_by_name.values()}
+        sharded = [p.grad for p in pieces.values() if p.grad is not None]
+        whole = [p.grad for p in self.parameters() if id(p) not in pieces and p.grad is not None]
+        grads = sharded + whole
+        dtype = grads[0].dtype if grads else torch.get_default_dtype()
+        norm = lambda ts: torch.stack([torch.linalg.vector_norm(t, norm_type)  # noqa: E731
+                                       for t in ts]) if ts else torch.zeros(0, dtype=dtype)
+        if math.isinf(norm_type):  # the largest over ranks: gather every rank's largest
+            mine = torch.cat([norm(sharded), torch.zeros(1, dtype=dtype)]).max().reshape(1)
+            every = [torch.empty_like(mine) for _ in range(self.world_size)]
+            self.comm.start("all_gather", every, mine).wait()
+            total = torch.cat(every + [norm(whole)]).max()
+        else:  # the sum of |g|^q over every rank's pieces, plus the replicated ones once
+            mine = norm(sharded).pow(norm_type).sum().reshape(1)
+            self.comm.start("all_reduce", mine).wait()
+            total = (mine[0] + norm(whole).pow(norm_type).sum()).pow(1 / norm_type)
+        factor = (max_norm / (total + 1e-6)).clamp(max=1.0)  # as torch's clip_grad_norm_
+        for g in grads:
+            g.mul_(factor.to(g.dtype))
+        return total
 
     # ---- what a rank holds and sends; checkpoints in the plain module's layout -------------
 
@@ -354,9 +566,10 @@ class FullyShardedDataParallel(nn.Module):
         params = list(self.parameters())
         held = [p.grad for p in params if p.grad is not None] + [
             s.accumulated for s in self.shards_by_name.values() if s.accumulated is not None]
+        held += list(self._accumulated.values())
         nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
         return {"params": nbytes(params), "grads": nbytes({id(g): g for g in held}.values()),
-                "buffers": self._live, "peak_buffers": self.peak_live}
+                "buffers": self.memory_count.live, "peak_buffers": self.memory_count.peak}
 
     def gather_full_params(self):
         """{name: full tensor} under the module's own names (collective: every rank calls)."""
@@ -369,3 +582,6 @@ class FullyShardedDataParallel(nn.Module):
     def load_state_dict(self, state_dict, strict=True, assign=False):
         """Load a plain module's (full) state_dict: each rank keeps its pieces."""
         return fsdp_checkpoint.load_full_state_dict(self, state_dict, strict)
+
+
+swap_in(globals(), "fsdp_unit")  # DIST_SGD_MINE: a learner's version replaces this one

@@ -1,0 +1,160 @@
+"""Lesson 16's FSDP unit (dist_sgd.shard.fsdp._Unit): gather, free and reduce-scatter of one
+unit's flat pieces, each against torch's own collectives on the same tensors. The unit is a
+Linear(7, 13): a weight of 91 and a bias of 13 elements, so at p = 2 and 3 the last pieces
+are padded."""
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from dist_sgd.comm.counted import Counted
+from dist_sgd.course.grade import Grader
+from dist_sgd.shard.fsdp import _Memory, _Shard
+
+grader = Grader("fsdp_unit", error_hints={
+    "split_with_sizes expects split_sizes to sum exactly": "pad each gradient with zeros to "
+    "s.size * p elements before cutting it into p pieces of s.size",
+    "Tensor list input to scatter/gather must match": "every piece an all-gather fills, and "
+    "every piece a reduce-scatter sends, has s.size elements: pad to s.size * p",
+    "different dtypes": "cast your piece to self.dtypes[i] before gathering it: the storage "
+    "holds the compute dtype",
+    "NoneType": "under sync=True every shard that requires grad gets a reduce-scatter"})
+
+
+def _unit(ctx, compute_dtype=None):
+    """A unit over a Linear(7, 13) (the same on every rank), its shards and its memory."""
+    torch.manual_seed(0)
+    layer = nn.Linear(7, 13)
+    full = [layer.weight.detach().clone(), layer.bias.detach().clone()]
+    shards = [_Shard(p, ctx.rank, ctx.world_size) for p in (layer.weight, layer.bias)]
+    memory, comm = _Memory(), Counted("torch")
+    unit = ctx.call(ctx.impl._Unit, "layer", layer, [(layer, "weight", 0), (layer, "bias", 1)],
+                    shards, compute_dtype, comm, memory, ctx.world_size)
+    return unit, shards, full, memory, comm
+
+
+def _my_piece(ctx, full, s):
+    """This rank's piece of a full tensor, padded with zeros as the shard is."""
+    padded = torch.zeros(s.size * ctx.world_size, dtype=full.dtype)
+    padded[:s.numel] = full.reshape(-1)
+    return padded[ctx.rank * s.size:(ctx.rank + 1) * s.size]
+
+
+def _gradients(ctx, seed):
+    """Different gradients on every rank, and their mean over the ranks by torch."""
+    g = torch.Generator().manual_seed(seed + ctx.rank)
+    grads = [torch.randn(13, 7, generator=g), torch.randn(13, generator=g)]
+    means = [t.clone() for t in grads]
+    for t in means:
+        dist.all_reduce(t)
+        t /= ctx.world_size
+    return grads, means
+
+
+@grader.case("gather: the full weight and bias from every rank's piece")
+def gather(ctx):
+    unit, shards, full, memory, _ = _unit(ctx)
+    ctx.call(unit.gather)
+    ctx.call(unit.wait)
+    got = [unit.tensor(i, s.shape).clone() for i, s in enumerate(shards)]
+    state, live = unit.state, memory.live
+    for name, g, f in zip(("weight", "bias"), got, full):
+        ctx.expect_close(g, f, f"the gathered {name}", atol=0, hints=[
+            "all-gather into self.tensor(i, (self.numels[i],)).split(s.size): views of the "
+            "storage, so the gathered values land in it"])
+    ctx.expect(state == "gathered", f"state is {state!r} after gather() and wait()",
+               ["gather() sets self.state = \"gathering\"; wait() then makes it \"gathered\""])
+    ctx.expect(live == unit.nbytes, f"self.memory counts {live} bytes while gathered, expected "
+               f"{unit.nbytes} (self.nbytes)", ["self.memory.count(self.nbytes) in gather()"])
+
+
+@grader.case("gather in float16: the pieces cast before they are sent")
+def gather_half(ctx):
+    unit, shards, full, _, comm = _unit(ctx, torch.float16)
+    ctx.call(unit.gather)
+    ctx.call(unit.wait)
+    got = [unit.tensor(i, s.shape).clone() for i, s in enumerate(shards)]
+    sent = [n for name, n in comm.log if name == "all_gather"]
+    for name, g, f in zip(("weight", "bias"), got, full):
+        ctx.expect_close(g, f.half(), f"the gathered {name} (float16)", atol=0)
+    want = [s.size * ctx.world_size * 2 for s in shards]
+    ctx.expect(sent == want, f"all-gathered {sent} bytes, expected {want} (2 bytes a number)",
+               ["cast the piece to self.dtypes[i] before the all-gather: half the bytes"])
+
+
+@grader.case("free: 0 bytes held; a tensor made before comes back with the next gather")
+def free(ctx):
+    unit, shards, full, memory, _ = _unit(ctx)
+    ctx.call(unit.gather)
+    early = unit.tensor(0, shards[0].shape)  # as autograd holds a weight across the free
+    ctx.call(unit.free)
+    sizes, state, live = [st.nbytes() for st in unit.storages], unit.state, memory.live
+    ctx.call(unit.free)  # freeing what is free does nothing
+    twice = memory.live
+    ctx.call(unit.gather)
+    ctx.call(unit.wait)
+    again = early.clone()
+    ctx.expect(sizes == [0, 0], f"the storages hold {sizes} bytes after free()",
+               ["storage.resize_(0) for each of self.storages: the bytes go back, and the "
+                "tensors on them stay valid"])
+    ctx.expect(state == "free" and live == 0, f"after free() state is {state!r} and "
+               f"self.memory counts {live} bytes", ["self.memory.count(-self.nbytes)"])
+    ctx.expect(twice == 0, f"self.memory counts {twice} bytes after a second free()",
+               ["free() a unit that is free already: nothing to do"])
+    ctx.expect_close(again, full[0], "a weight tensor made before free(), after the next gather",
+                     atol=0, hints=["resize the storages, never replace them"])
+
+
+@grader.case("reduce-scatter: each rank gets its piece of the mean gradient, then adds")
+def reduce_scatter(ctx):
+    unit, shards, _, memory, _ = _unit(ctx)
+    grads, means = _gradients(ctx, 100)
+    more, more_means = _gradients(ctx, 200)
+    ctx.call(unit.reduce_scatter, grads, True)
+    ctx.call(unit.finish_reduce)
+    first, live, left = [s.param.grad.clone() for s in shards], memory.live, len(unit.reducing)
+    ctx.call(unit.reduce_scatter, more, True)  # a second backward without zero_grad
+    ctx.call(unit.finish_reduce)
+    second = [s.param.grad.clone() for s in shards]
+    for name, got, mean, s in zip(("weight", "bias"), first, means, shards):
+        ctx.expect_close(got, _my_piece(ctx, mean, s), f"{name}'s .grad (this rank's piece)",
+                         atol=1e-6, rtol=1e-6)
+    ctx.expect(live == 0 and left == 0, f"after finish_reduce() self.memory counts {live} "
+               f"bytes and {left} reduce-scatters are in self.reducing",
+               ["count each padded gradient in, and out again when its reduce-scatter is done"])
+    for name, got, a, b, s in zip(("weight", "bias"), second, means, more_means, shards):
+        ctx.expect_close(got, _my_piece(ctx, a + b, s), f"{name}'s .grad after a second "
+                         "backward", atol=1e-6, rtol=1e-6,
+                         hints=["a .grad that is there already gets the new mean added"])
+
+
+@grader.case("no_sync: the full gradient kept, reduced with the next one")
+def no_sync(ctx):
+    unit, shards, _, _, comm = _unit(ctx)
+    grads, means = _gradients(ctx, 300)
+    more, more_means = _gradients(ctx, 400)
+    ctx.call(unit.reduce_scatter, grads, False)
+    kept, issued = [s.param.grad for s in shards], [n for n, _ in comm.log]
+    ctx.call(unit.reduce_scatter, more, True)
+    ctx.call(unit.finish_reduce)
+    ctx.expect(kept == [None, None] and issued == [], f"under sync=False .grad is {kept} and "
+               f"{issued} were issued", ["sync=False: keep the padded full gradient in "
+                                         "s.accumulated, send nothing, leave .grad alone"])
+    for name, s, a, b in zip(("weight", "bias"), shards, means, more_means):
+        ctx.expect_close(s.param.grad, _my_piece(ctx, a + b, s), f"{name}'s .grad after a "
+                         "no_sync backward and a synchronized one", atol=1e-6, rtol=1e-6,
+                         hints=["add s.accumulated to the padded gradient, then clear it"])
+
+
+@grader.case("the collectives go through self.comm.start, where FSDP counts its bytes")
+def counted(ctx):
+    unit, shards, _, _, comm = _unit(ctx)
+    ctx.call(unit.gather)
+    ctx.call(unit.wait)
+    grads, _ = _gradients(ctx, 500)
+    ctx.call(unit.reduce_scatter, grads, True)
+    ctx.call(unit.finish_reduce)
+    want = [("all_gather", s.size * ctx.world_size * 4) for s in shards] + [
+        ("reduce_scatter", s.size * ctx.world_size * 4) for s in shards]
+    ctx.expect(comm.log == want, f"self.comm logged {comm.log}, expected {want}",
+               ["start each collective with self.comm.start(name, *args): one all-gather and "
+                "one reduce-scatter per shard, of the padded size"])
