@@ -20,6 +20,8 @@ grader = Grader("DataParallel", error_hints={
                       "number of chunks (the batch is split alike everywhere)"})
 Pair = namedtuple("Pair", "left right")
 CPU = torch.device("cpu")
+CHUNKS = ("torch's rule is tensor.chunk(p, dim): ceil(n / p) rows per chunk, the last ones "
+          "shorter or missing (10 rows over 4: 3 + 3 + 3 + 1)")
 
 
 @contextmanager
@@ -45,25 +47,25 @@ def _torch_rules_on_cpu():
         torch_sg.Scatter, torch_sg.Gather = saved
 
 
-def _same(ctx, got, expected, what):
+def _same(ctx, got, expected, what, hints=()):
     """got is expected: the same containers (type, length, keys) and the same tensors."""
     shown = type(expected).__name__
     ctx.expect(type(got) is type(expected), f"{what} is a {type(got).__name__}, expected a "
                f"{shown}", ["rebuild each container as its own type: type(obj)(...), "
                             "namedtuples with type(obj)(*parts)"])
     if isinstance(expected, torch.Tensor):
-        ctx.expect_close(got, expected, what, atol=0)
+        ctx.expect_close(got, expected, what, atol=0, hints=hints)
     elif isinstance(expected, (tuple, list)):
         ctx.expect(len(got) == len(expected), f"{what} has {len(got)} entries, expected "
                    f"{len(expected)}", ["one entry per chunk: torch's chunk can give fewer "
                                         "chunks than devices"])
         for i, (a, b) in enumerate(zip(got, expected)):
-            _same(ctx, a, b, f"{what}[{i}]")
+            _same(ctx, a, b, f"{what}[{i}]", hints)
     elif isinstance(expected, dict):
         ctx.expect(list(got) == list(expected), f"{what} has keys {list(got)}, expected "
                    f"{list(expected)}")
         for k in expected:
-            _same(ctx, got[k], expected[k], f"{what}[{k!r}]")
+            _same(ctx, got[k], expected[k], f"{what}[{k!r}]", hints)
     else:
         ctx.expect(got == expected, f"{what} is {got!r}, expected {expected!r}",
                    ["anything but a tensor or a container goes to every replica as it is"])
@@ -83,7 +85,7 @@ def scatter_like_torch(ctx):
             expected = torch_sg.scatter(obj, [CPU] * devices, dim)
         got = ctx.call(ctx.impl.scatter, obj, [CPU] * devices, dim)
         _same(ctx, list(got), expected, f"scatter of {rows} rows over {devices} devices "
-                                        f"(dim {dim})")
+                                        f"(dim {dim})", [CHUNKS])
 
 
 @grader.case("gather: tuples, dicts, None, namedtuples and one loss per replica, as torch")
