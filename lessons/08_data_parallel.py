@@ -36,6 +36,11 @@ Run (one process; --world-size is the number of replicas):
     torchrun --standalone --nproc-per-node 1 lessons/08_data_parallel.py   # the same, one rank
 
 Exercises:
+  0. Write DataParallel yourself: `python3 -m dist_sgd.course start DataParallel` gives you
+     scatter, gather and the forward to write, `... check DataParallel` grades them against
+     one process and torch.nn.DataParallel's rules (batches that do not split evenly, tuples
+     and dicts), and `DIST_SGD_MINE=mine python3 lessons/08_data_parallel.py` runs this lesson
+     on yours.
   1. Run with --world-size 3 and a batch of 10: what chunk sizes does scatter choose, and why
      are the gradients still exact?
   2. Switch dropout on (model.train()) and compare with one process: why do they differ now,

@@ -41,6 +41,11 @@ Run:
     torchrun --standalone --nproc-per-node 2 lessons/12_compression.py --quick
 
 Exercises:
+  0. Write the hooks yourself: `python3 -m dist_sgd.course start fp16_compress_hook` (then
+     `... check fp16_compress_hook`: torch's fp16 hook bit for bit, float16 on the wire) and
+     `python3 -m dist_sgd.course start powerSGD_hook` (P = M Q, orthogonalize, Q = M^T P, the
+     residual kept: torch's powerSGD_hook step for step), both graded on torch's DDP at world
+     sizes 1-3; `DIST_SGD_MINE=mine python3 lessons/12_compression.py` runs this lesson on them.
   1. Set start = 0 with use_error_feedback=False and warm_start=False. What does accuracy do?
   2. Why can P be summed over ranks but not orthogonalized before? (Hint: orthogonalization
      is not linear.)

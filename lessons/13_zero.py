@@ -39,6 +39,10 @@ Run:
     torchrun --standalone --nproc-per-node 2 lessons/13_zero.py
 
 Exercises:
+  0. Write the ZeRO-1 step yourself: `python3 -m dist_sgd.course start ShardedOptimizer`,
+     then `... check ShardedOptimizer` grades it against plain Adam at world sizes 1-4 (the
+     weights on every rank, the state on one rank each), and `DIST_SGD_MINE=mine python3
+     lessons/13_zero.py` runs this lesson on yours.
   1. Make the model one large and one small layer (depth 1 plus a head): how unequal are the
      shards now? Why does ZeRO-1 cut whole parameters, and what does DeepSpeed do instead?
   2. Run with scheme="all_gather" under our DDP (reduce_gradients=False). Where did the 1.0x go?

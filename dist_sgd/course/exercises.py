@@ -72,6 +72,68 @@ EXERCISES = (
          "optimizer sees it)."),
         world_sizes=(1, 2, 3, 4)),
     Exercise(
+        "DataParallel", "08", "dist_sgd.ddp.data_parallel", ("scatter", "gather", "DataParallel"),
+        "one process, several replicas: scatter the batch into chunks, run a replica on each "
+        "in its own thread, gather the outputs into one; one backward sums the gradients",
+        ("scatter(obj, devices, dim): a tensor becomes obj.chunk(len(devices), dim), one chunk "
+         "per device (.to(device)); torch's chunk may give fewer chunks than devices (5 rows on "
+         "4 devices: 2 + 2 + 1), and then fewer replicas run.",
+         "Containers: scatter each element, then zip the per-device pieces back into the same "
+         "type (tuple, list, dict, namedtuple); anything else (a float, a string, None) goes to "
+         "every device as it is. gather is the mirror: torch.cat along dim, then rebuild.",
+         "gather: 0-d tensors (a loss per replica) become a vector, one entry per replica "
+         "(o.view(1), with a warning); None stays None; dicts keep their keys in order.",
+         "forward: ins, kws = scatter_kwargs(inputs, kwargs, devices, dim); replicas = "
+         "replicate(module, devices[:len(ins)]); outs = parallel_apply(replicas, ins, devices, "
+         "kws); return gather(outs, output_device, dim). No all-reduce: backward through "
+         "replicate's copies sums every replica's gradient."),
+        world_sizes=(1,)),
+    Exercise(
+        "fp16_compress_hook", "12", "dist_sgd.ddp.compress", ("fp16_compress_hook",),
+        "a DDP communication hook that averages the bucket in float16: half the bytes on the "
+        "wire, the result back in the bucket's dtype",
+        ("A hook gets (process_group, bucket) and returns a Future whose value is the averaged "
+         "flat gradient: bucket.buffer() is that flat tensor, process_group may be None (the "
+         "default group).",
+         "Compress: half = buffer.to(torch.float16). Divide by the world size before the sum, "
+         "not after: float16 overflows at 65504.",
+         "fut = dist.all_reduce(half, group=group, async_op=True).get_future(); its value is a "
+         "list holding the summed tensor.",
+         "return fut.then(decompress), where decompress(f) copies f.value()[0] into buffer "
+         "(buffer.copy_ casts float16 back to the bucket's dtype) and returns buffer."),
+        world_sizes=(1, 2, 3)),
+    Exercise(
+        "powerSGD_hook", "12", "dist_sgd.ddp.compress", ("powerSGD_hook", "_power_sgd"),
+        "PowerSGD's arithmetic with error feedback: each gradient matrix M sent as P = M Q and "
+        "Q = M^T P (rank r), M rebuilt as P Q^T, what that drops kept for the next step",
+        ("Error feedback, before compressing: add state.error_dict[index] (last step's "
+         "residual) into the buffer, or create it as zeros the first time; then remember the "
+         "buffer as it is now (before), to measure at the end what compression dropped.",
+         "P = M Q for each matrix with its Q: p.copy_(mat @ q). The P's are then summed over "
+         "the ranks (the code below does it): summing is linear, so every rank gets the "
+         "projection of the summed gradient.",
+         "Once the P's are summed: orthogonalize(p, state.orthogonalization_epsilon) for each, "
+         "then q.copy_(mat.t() @ p). Orthogonalizing is not linear: it must come after the sum.",
+         "After the Q's are summed: q_flat.div_(world_size); mat = P Q^T "
+         "(torch.matmul(p, q.t(), out=mat)); with error feedback, error_dict[index] = before - "
+         "buffer (this rank's gradient minus what the ranks agreed on)."),
+        world_sizes=(1, 2, 3)),
+    Exercise(
+        "ShardedOptimizer", "13", "dist_sgd.shard.zero", ("ShardedOptimizer",),
+        "the ZeRO-1 step: each rank steps only its own shard of the parameters (so it holds "
+        "that shard's optimizer state only), then every parameter is broadcast from its owner",
+        ("The wrapped optimizer must see only this rank's parameters: build it from "
+         "self._local_group(group, owners) for each of self.param_groups and self.owners.",
+         "step(), broadcast scheme: average every gradient first (average_gradients(self."
+         "_trainable(), flat=True, all_reduce=self.comm.all_reduce) when reduce_gradients), "
+         "then self.optim.step(**kwargs): only this rank's shard moves.",
+         "Then share: shards[r] (self.shard(r)) lists the parameters rank r owns and has just "
+         "updated; each must reach every other rank from r, the only one that stepped it.",
+         "_broadcast_shards: for r, s in enumerate(shards): for p in s: "
+         "self.comm.broadcast(p, src=r) (a non-contiguous p: broadcast p.contiguous(), copy it "
+         "back); log ('broadcast', bytes) in self.comm_log."),
+        world_sizes=(1, 2, 3, 4)),
+    Exercise(
         "save_checkpoint", "14", "dist_sgd.faults.checkpoint",
         ("save_checkpoint", "load_checkpoint"),
         "a checkpoint that resumes bit for bit: save_checkpoint writes the model, the optimizer, "

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from dist_sgd.comm.flat import copy_back, flatten, views
+from dist_sgd.course.mine import swap_in
 from dist_sgd.ddp.hooks import in_order
 
 
@@ -48,6 +49,7 @@ def fp16_compress_hook(process_group, bucket):
     """Average the bucket in float16: half the bytes on the wire, then back to its dtype."""
     group = _group(process_group)
     buffer = bucket.buffer()
+    # ---- exercise fp16_compress_hook: all-reduce a float16 copy / p, then back into the bucket
     half = buffer.to(torch.float16).div_(group.size())  # divide first: float16 overflows at 65504
     fut = dist.all_reduce(half, group=group, async_op=True).get_future()
 
@@ -56,6 +58,7 @@ def fp16_compress_hook(process_group, bucket):
         return buffer
 
     return fut.then(decompress)
+    # ---- end of exercise
 
 
 class PowerSGDState:
@@ -161,6 +164,7 @@ def _power_sgd(state, bucket):
 
     index = bucket.index()
     before = None
+    # ---- exercise powerSGD_hook: error feedback: add last step's residual, keep the gradient
     if state.use_error_feedback:
         if index in state.error_dict:
             buffer.add_(state.error_dict[index])  # what we failed to send last step
@@ -169,6 +173,7 @@ def _power_sgd(state, bucket):
         # The gradient before compression, to measure at the end what compression dropped: in
         # a buffer kept per bucket (a fresh 4.6 MiB each step costs page faults, a copy less).
         before = state.before_dict.setdefault(index, torch.empty_like(buffer)).copy_(buffer)
+    # ---- end of exercise
 
     # Which gradients to compress: every one is seen as a matrix (rows = first dim). 1-D ones
     # (biases) never pay: (n + 1) r * 2 > n. They go as they are, in one all-reduce.
@@ -215,8 +220,10 @@ def _power_sgd(state, bucket):
     # P = M Q: this rank's M projected on Q, computed as (Q^T M^T)^T. The same sums; a CPU
     # then walks M and Q along their rows (~5x faster than M Q for fc1 here). torch's hook
     # multiplies as written: the last bits can differ (tests: equal within float32 rounding).
+    # ---- exercise powerSGD_hook: P = M Q for every matrix M and its Q
     for mat, q, p in zip(matrices, qs, ps):
         p.copy_(torch.matmul(q.t(), mat.t()).t())
+    # ---- end of exercise
 
     flat_vectors = torch.cat([v.view(-1) for v in vectors]) if vectors else buffer.new_empty(0)
     vectors_summed = dist.all_reduce(flat_vectors, group=group, async_op=True).get_future()
@@ -225,17 +232,20 @@ def _power_sgd(state, bucket):
     result = torch.futures.Future()
 
     def ps_done_send_qs():
+        # ---- exercise powerSGD_hook: orthogonalize each summed P, then Q = M^T P
         for mat, p, q in zip(matrices, ps, qs):
             orthogonalize(p, state.orthogonalization_epsilon)
             # Q = M^T P (one P everywhere: summable), computed as (P^T M)^T: the same sums,
             # M read row by row instead of down its columns (~20x faster for fc1 here).
             q.copy_(torch.matmul(p.t(), mat).t())
+        # ---- end of exercise
         qs_summed = dist.all_reduce(q_flat, group=group, async_op=True).get_future()
         torch.futures.collect_all([vectors_summed, qs_summed]).add_done_callback(
             _completing(result, decompress))
 
     def decompress():
         copy_back(flat_vectors.div_(world_size), vectors)
+        # ---- exercise powerSGD_hook: M = P Q^T (Q averaged) into the bucket; keep the residual
         q_flat.div_(world_size)  # Q was summed over ranks: average it
         for mat, p, q in zip(matrices, ps, qs):
             torch.matmul(p, q.t(), out=mat)  # M ~ P Q^T, straight into the bucket
@@ -246,6 +256,7 @@ def _power_sgd(state, bucket):
             # (local - average), which sums to zero over ranks and so cancels next step: torch
             # keeps it too, and so do we, to stay equal to torch step for step.
             torch.sub(before, buffer, out=state.error_dict[index])
+        # ---- end of exercise
         if not state.warm_start:
             state.p_memory_dict.clear()
             state.q_memory_dict.clear()
@@ -345,3 +356,7 @@ def predict_compressed_step(compute_s, shapes, world_size, scheme, alpha, beta, 
     comm = sum(predict_all_reduce("ring", values * width, world_size, alpha, beta)
                for values, width in values_sent(shapes, scheme, rank))
     return compute_s + (compress_s if scheme != "none" else 0.0) + comm
+
+
+swap_in(globals(), "fp16_compress_hook")  # DIST_SGD_MINE: a learner's version replaces this one
+swap_in(globals(), "powerSGD_hook")  # DIST_SGD_MINE: a learner's version replaces this one

@@ -35,6 +35,8 @@ from contextlib import nullcontext
 import torch
 import torch.nn as nn
 
+from dist_sgd.course.mine import swap_in
+
 
 def _is_namedtuple(obj):
     return isinstance(obj, tuple) and hasattr(obj, "_asdict") and hasattr(obj, "_fields")
@@ -70,6 +72,7 @@ def scatter(obj, devices, dim=0):
     largest first), containers rebuilt around the chunks, anything else shared as is.
     zip() stops at the shortest: a batch of 5 over 4 devices gives 3 chunks (2 + 2 + 1), so
     only 3 replicas run, as in torch."""
+    # ---- exercise DataParallel: one copy of obj per device, every tensor chunked along dim
     if isinstance(obj, torch.Tensor):
         return [c.to(d) for c, d in zip(obj.chunk(len(devices), dim), devices)]
     if _is_namedtuple(obj):
@@ -82,6 +85,7 @@ def scatter(obj, devices, dim=0):
         pieces = (scatter(kv, devices, dim) for kv in obj.items())
         return [type(obj)(items) for items in zip(*pieces)]
     return [obj for _ in devices]
+    # ---- end of exercise
 
 
 def scatter_kwargs(inputs, kwargs, devices, dim=0):
@@ -165,6 +169,7 @@ def gather(outputs, device, dim=0):
     such as a loss each replica computed, become a vector with one entry per replica, with
     torch's warning); None stays None; tuples, lists, dicts and namedtuples are rebuilt.
     Differentiable: backward sends each replica its slice of the gradient."""
+    # ---- exercise DataParallel: the outputs as one, tensors concatenated along dim on device
     first = outputs[0]
     if isinstance(first, torch.Tensor):
         if dim == 0 and all(o.dim() == 0 for o in outputs):
@@ -184,6 +189,7 @@ def gather(outputs, device, dim=0):
         return type(first)(gather(list(xs), device, dim) for xs in zip(*outputs, strict=True))
     raise TypeError(f"DataParallel cannot gather outputs of type {type(first).__name__}: return "
                     f"tensors, None, or tuples, lists, dicts or namedtuples of them")
+    # ---- end of exercise
 
 
 class DataParallel(nn.Module):
@@ -216,6 +222,7 @@ class DataParallel(nn.Module):
                 raise RuntimeError(f"module must have its parameters and buffers on device "
                                    f"{self.devices[0]} (device_ids[0]) but found one of them on "
                                    f"device: {t.device}")
+        # ---- exercise DataParallel: scatter, replicate, run the replicas in threads, gather
         t0 = time.perf_counter()
         ins, kws = scatter_kwargs(inputs, kwargs, self.devices, self.dim)
         if not ins:  # a forward without arguments runs once, on the first device
@@ -232,6 +239,7 @@ class DataParallel(nn.Module):
         self.last_times = {"scatter": t1 - t0, "replicate": t2 - t1, "apply": t3 - t2,
                            "gather": t4 - t3}
         return out
+        # ---- end of exercise
 
 
 def _device(d):
@@ -244,3 +252,6 @@ def _norm(dev):
     if dev.type == "cuda" and dev.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return dev
+
+
+swap_in(globals(), "DataParallel")  # DIST_SGD_MINE: a learner's version replaces this one

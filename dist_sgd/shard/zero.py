@@ -45,6 +45,7 @@ import torch.distributed as dist
 
 from dist_sgd.comm import collectives as ours
 from dist_sgd.comm.flat import copy_back, flatten
+from dist_sgd.course.mine import swap_in
 from dist_sgd.plumbing.rank import world
 from dist_sgd.sgd.sync import average_gradients, gradients_to_sync
 
@@ -109,8 +110,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.optim = None  # Optimizer.__init__ calls add_param_group before we can shard
         super().__init__(params, dict(kwargs))
         self.owners, self.loads = partition(self._sizes(self.param_groups), self.world_size)
+        # ---- exercise ShardedOptimizer: the wrapped optimizer, over this rank's shard only
         local = [self._local_group(g, o) for g, o in zip(self.param_groups, self.owners)]
         self.optim = optimizer_class(local, **kwargs)
+        # ---- end of exercise
         self._consolidated = None  # (rank it was gathered to, state_dict): see state_dict()
         self._copy_options_back()
         self.state = self.optim.state  # this rank's shard only: the point of ZeRO
@@ -168,12 +171,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
             return loss  # nothing trainable: nothing to update or share
         self._check_flat(shards)
         if self.scheme == "broadcast":
+            # ---- exercise ShardedOptimizer: average the gradients, step the shard, share it
             if self.reduce_gradients:  # every gradient averaged everywhere, as plain DDP does
                 n = sum(g.numel() * g.element_size() for g in gradients_to_sync(self._trainable()))
                 average_gradients(self._trainable(), flat=True, all_reduce=self.comm.all_reduce)
                 self.comm_log.append(("all_reduce", n))
             self.optim.step(**kwargs)
             self._broadcast_shards(shards)
+            # ---- end of exercise
         else:
             if self.reduce_gradients:  # only this rank's shard of the average arrives here
                 self._reduce_scatter_gradients(shards)
@@ -220,6 +225,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _broadcast_shards(self, shards):
         # One broadcast per parameter, straight into it (torch's default): a flat buffer per
         # rank would cost a copy in and a copy out of every parameter, every step.
+        # ---- exercise ShardedOptimizer: every parameter broadcast from the rank that owns it
         works = []
         for r, s in enumerate(shards):
             for p in s:
@@ -233,6 +239,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 self.comm_log.append(("broadcast", p.numel() * p.element_size()))
         for work in works:
             work.wait()
+        # ---- end of exercise
 
     def bytes_per_step(self):
         """Bytes this rank sent in the last step, on average (wire_bytes of each collective)."""
@@ -318,3 +325,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
 def _check_rank(to, world_size):
     if isinstance(to, bool) or not isinstance(to, int) or not 0 <= to < world_size:
         raise ValueError(f"to must be a rank in 0..{world_size - 1}, got {to!r}")
+
+
+swap_in(globals(), "ShardedOptimizer")  # DIST_SGD_MINE: a learner's version replaces this one

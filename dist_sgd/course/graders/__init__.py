@@ -1,3 +1,4 @@
 """One grader per exercise, named as the exercise (see dist_sgd.course.grade for how a case is
-written and run): ring_all_reduce (lesson 04), average_gradients (06),
-save_checkpoint (14), fsdp_unit (16)."""
+written and run): ring_all_reduce (lesson 04), average_gradients (06), DataParallel (08),
+fp16_compress_hook and powerSGD_hook (12), ShardedOptimizer (13), save_checkpoint (14),
+fsdp_unit (16)."""
