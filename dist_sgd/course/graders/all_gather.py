@@ -50,6 +50,6 @@ def bytes_sent(ctx):
     most = (p - 1) * n * 4
     ctx.expect(ctx.sent_bytes <= most,
                f"sent {ctx.sent_bytes:,} bytes, at most {most:,} expected (p - 1 = {p - 1} "
-               "tensors: every other rank needs yours once)",
+               "tensor(s): every other rank needs yours once)",
                ["send one tensor per message, never the whole list, and let the others pass "
                 "it on (a ring) or send it to each yourself: no rank gathers for everyone"])

@@ -24,10 +24,12 @@ def _like_torch(ctx, shape, dtype, src):
     own, expected = x.clone(), x.clone()
     dist.broadcast(expected, src)  # torch's, outside the piece
     ctx.call(ctx.impl.broadcast, x, src)  # in place
+    # Rank 0's tensor on a rank other than 0: the tree was rooted at rank 0, not at src.
+    from_zero = any(ctx.everyone(ctx.rank != 0 and torch.equal(x, _input(0, shape, dtype))))
     ctx.expect_close(x, expected, f"tensor after broadcast from src = {src}", atol=0,
                      own=own if ctx.rank != src else None, hints=[
-                         "number the ranks from src, (rank - src) % p, so that the tree starts "
-                         "at src whatever src is" if src else ""])
+                         "rank 0's tensor arrived, not src's: number the ranks from src, "
+                         "(rank - src) % p, so that the tree starts at src" if from_zero else ""])
 
 
 @grader.case("n = 1001 float32 numbers from src = p - 1")

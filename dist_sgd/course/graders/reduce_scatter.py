@@ -51,6 +51,6 @@ def bytes_sent(ctx):
     most = (p - 1) * n * 4
     ctx.expect(ctx.sent_bytes <= most,
                f"sent {ctx.sent_bytes:,} bytes, at most {most:,} expected (p - 1 = {p - 1} "
-               "entries, one per message)",
+               "entry(ies), one per message)",
                ["each entry (partly summed) travels once per step, never the whole list: "
                 "rank j needs only entry j"])

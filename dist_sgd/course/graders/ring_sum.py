@@ -25,8 +25,8 @@ def _sum_like_torch(ctx, shape, dtype, atol):
     ctx.expect(isinstance(got, torch.Tensor), f"ring_sum returned {type(got).__name__}, "
                "expected a tensor", ["return the total: a new tensor holding the sum"])
     ctx.expect_close(got, expected, "the returned sum", atol=atol, rtol=atol, own=x, hints=[
-        "pass on what arrived (the neighbour's tensor), not your running total: a total "
-        "passed on counts ranks twice"])
+        "pass on exactly what arrived, in a buffer of its own: not your running total (it "
+        "counts ranks twice), nor a buffer overwritten by a receive before it was sent"])
 
 
 @grader.case("a 3 x 5 float32 tensor: the sum against dist.all_reduce")
