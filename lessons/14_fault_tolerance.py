@@ -37,6 +37,9 @@ Run:
         --checkpoint-dir /tmp/ckpt
 
 Exercises:
+  0. Write the checkpoint yourself: `python3 -m dist_sgd.course start save_checkpoint`, then
+     `python3 -m dist_sgd.course check save_checkpoint` kills a run after step 3 of 6, resumes
+     it from your checkpoint and compares it with the uninterrupted run, bit for bit.
   1. Kill a worker by hand (kill -9 <pid> from another terminal) during the torchrun command
      above: where does it resume, and how many steps are done twice?
   2. Set --checkpoint-every to 1 and to 100: how do the checkpoint cost and the recomputed steps

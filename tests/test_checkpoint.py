@@ -4,8 +4,14 @@ write leaves the previous checkpoint loadable, and a checkpoint that does not fi
 Single process (no process group: save/load then need no collectives), so these run fast; the
 torchrun kill-and-restart and the peer recovery are in test_fault_tolerance.py.
 """
+import copy
+import hashlib
 import os
 import random
+import re
+import shutil
+import struct
+import zipfile
 
 import pytest
 import torch
@@ -144,12 +150,42 @@ def test_mismatched_optimizer_is_refused(tmp_path):
         load_checkpoint(tmp_path, model2, SGD(list(model2.parameters())[:2], lr=0.1))
 
 
+def flip_byte(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0x55]))
+
+
+def tensor_data_offset(path):
+    """The offset of a byte in the middle of the largest tensor a torch.save file holds."""
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        name_len, extra_len = struct.unpack("<HH", f.read(30)[26:30])
+    return info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+
+
+def rewrite(folder, name, change):
+    """Change what a checkpoint file holds and write it again, with its checksum: a checkpoint
+    as another save_checkpoint would have written it."""
+    path = os.path.join(folder, name)
+    obj = torch.load(path, weights_only=False)
+    change(obj)
+    torch.save(obj, path)
+    with open(path, "rb") as f:
+        data = f.read()
+    listed = checkpoint._checksums(folder)
+    listed[name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    checkpoint._write_checksums(folder, listed)
+
+
 def test_other_world_size_loads_and_says_so(tmp_path):
     save_checkpoint(tmp_path, 1, *make())
-    path = os.path.join(latest_checkpoint(tmp_path), "shared.pt")
-    shared = torch.load(path, weights_only=False)
-    shared["world_size"] = 2  # as if two ranks had written it
-    torch.save(shared, path)
+    rewrite(latest_checkpoint(tmp_path), "shared.pt",
+            lambda shared: shared.update(world_size=2))  # as if two ranks had written it
     state = load_checkpoint(tmp_path, *make())
     assert state["resumed"] == "resumed from step 1, saved at world size 2, now 1"
     assert state["rng"] == "reseeded from (step, rank)" and state["sampler"] is None
@@ -223,14 +259,88 @@ def test_a_damaged_file_is_named(tmp_path, damage):
     assert_untouched(other, before)
 
 
-# ---- at another world size: saved by 2 ranks, resumed by 1 and by 3 --------------------------
+def zip_entry_offset(path, name_end):
+    """The offset of the first byte of the data of the zip entry whose name ends so."""
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith(name_end))
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        name_len, extra_len = struct.unpack("<HH", f.read(30)[26:30])
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def pickle_offset(path):
+    return zip_entry_offset(path, "data.pkl") + 20
+
+
+DAMAGES = {  # file: where its byte is flipped (a function of the file's path)
+    "shared.pt": {"zip header": lambda p: 0, "pickle": pickle_offset,
+                  "tensor data": tensor_data_offset, "last byte": lambda p: os.path.getsize(p) - 1},
+    "rank-0.pt": {"tensor data": tensor_data_offset, "pickle": pickle_offset},
+    "checksums.json": {"a digit of a file's sha256": lambda p: open(p).read().index("sha256") + 12,
+                       "first byte": lambda p: 0},
+}
+
+
+@pytest.mark.parametrize("name,where", [(n, w) for n, ws in DAMAGES.items() for w in ws])
+def test_a_flipped_byte_anywhere_is_refused_and_changes_nothing(tmp_path, name, where):
+    # torch.load checks no checksum: a flipped byte in a tensor's data loads as a wrong weight.
+    model, opt = make()
+    step(model, opt)
+    save_checkpoint(tmp_path, 1, model, opt)
+    path = os.path.join(latest_checkpoint(tmp_path), name)
+    flip_byte(path, DAMAGES[name][where](path))
+    other, other_opt = make(seed=5)
+    step(other, other_opt)
+    before = (weights(other), copy.deepcopy(other_opt.state_dict()))
+    with pytest.raises(ValueError, match=re.escape(path) + ".*damaged"):
+        load_checkpoint(tmp_path, other, other_opt)
+    assert_untouched(other, before[0])
+    assert_same_optimizer_state(other_opt.state_dict(), before[1])
+
+
+def test_a_truncated_rank_file_is_refused_and_changes_nothing(tmp_path):
+    model, opt = make()
+    save_checkpoint(tmp_path, 1, model, opt)
+    path = os.path.join(latest_checkpoint(tmp_path), "rank-0.pt")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 1)
+    other, other_opt = make(seed=5)
+    step(other, other_opt)
+    before = (weights(other), copy.deepcopy(other_opt.state_dict()))
+    with pytest.raises(ValueError, match=re.escape(path) + ".*damaged.*bytes"):
+        load_checkpoint(tmp_path, other, other_opt)
+    assert_untouched(other, before[0])
+    assert_same_optimizer_state(other_opt.state_dict(), before[1])
+
+
+def test_a_checkpoint_without_its_checksums_is_refused(tmp_path):
+    save_checkpoint(tmp_path, 1, *make())
+    os.remove(os.path.join(latest_checkpoint(tmp_path), "checksums.json"))
+    with pytest.raises(ValueError, match="checksums.json"):
+        load_checkpoint(tmp_path, *make())
+
+
+def assert_same_optimizer_state(got, want):
+    assert got["param_groups"] == want["param_groups"]
+    assert sorted(got["state"]) == sorted(want["state"])
+    for i, entry in want["state"].items():
+        for k, v in entry.items():
+            torch.testing.assert_close(got["state"][i][k], v, rtol=0, atol=0)
+
+
+# ---- at another world size: saved by 2 or 3 ranks, resumed by 1, 2 and 3 ----------------------
 # The global batch (G items) is fixed and re-split over the ranks; each rank's loss is scaled so
 # that the averaged gradient is the global batch's mean at any world size. So a run resumed at
 # another world size computes the same steps, summed in another order: equal to the
-# uninterrupted run within float32 rounding, not bit for bit.
+# uninterrupted run within float32 rounding, not bit for bit; at the same world size, bit for bit.
 G, SAVE_AT, STEPS = 6, 3, 8
-KINDS = ("plain", "fsdp", "zero")  # zero last: its optimizer is the consolidate idiom's
+# FSDP: each rank holds its pieces of the weights and of the optimizer state (the momentum,
+# Adam's moments); plain SGD without momentum has no state. zero last: its optimizer is the
+# consolidate idiom's.
+KINDS = ("plain", "fsdp", "fsdp momentum", "fsdp adam", "zero")
 ROUNDING = 1e-6  # measured: 6e-8 after 8 steps (float32, weights ~0.1-1); 0 at world size 2
+RESUMES = {1: (2,), 2: (2, 3), 3: (2,)}  # resumed at world size: the world sizes it saved at
 
 
 def data():
@@ -243,9 +353,11 @@ def build(kind):
     from dist_sgd.shard.zero import ShardedOptimizer
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 2))
-    if kind == "fsdp":  # its full state_dict; plain SGD without momentum: no state to gather
+    if kind.startswith("fsdp"):  # its full state_dict, and the full optimizer state
         model = FullyShardedDataParallel(model)
-        return model, SGD(model.parameters(), lr=0.05)
+        if kind == "fsdp adam":
+            return model, torch.optim.Adam(model.parameters(), lr=0.01)
+        return model, SGD(model.parameters(), lr=0.05, momentum=0.9 if "momentum" in kind else 0)
     if kind == "zero":  # torch's keyword for the wrapped optimizer, as ZeroRedundancyOptimizer
         return model, ShardedOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
                                        lr=0.01)
@@ -262,7 +374,8 @@ def global_step(model, opt, s, rank, world_size, kind):
     opt.step()
 
 
-def save_at_two(rank, world_size, root):
+def train_and_save(rank, world_size, root):
+    """The uninterrupted run, saving a checkpoint at step SAVE_AT on the way."""
     out = {}
     for kind in KINDS:
         model, opt = build(kind)
@@ -270,7 +383,7 @@ def save_at_two(rank, world_size, root):
             global_step(model, opt, s, rank, world_size, kind)
             if s + 1 == SAVE_AT:
                 save_checkpoint(os.path.join(root, kind), SAVE_AT, model, opt, items=SAVE_AT * G)
-        out[kind] = full_weights(model) if kind == "fsdp" else weights(model)
+        out[kind] = full_weights(model)
     out["idiom"] = zero_state_dict_idiom(rank, opt)
     return out
 
@@ -296,22 +409,74 @@ def zero_state_dict_idiom(rank, opt):
 
 def resume(rank, world_size, root):
     out = {}
-    for kind in KINDS:
-        model, opt = build(kind)
-        state = load_checkpoint(os.path.join(root, kind), model, opt)
-        for s in range(state["step"], STEPS):
-            global_step(model, opt, s, rank, world_size, kind)
-        out[kind] = full_weights(model) if kind == "fsdp" else weights(model)
-        out[f"{kind} state"] = {k: state[k] for k in ("step", "items", "resumed", "rng")}
+    for saved_at in RESUMES[world_size]:
+        for kind in KINDS:
+            model, opt = build(kind)
+            try:
+                state = load_checkpoint(os.path.join(root, str(saved_at), kind), model, opt)
+            except ValueError as e:  # for the test to name: the others go on
+                out[saved_at, kind] = out[saved_at, f"{kind} state"] = f"refused: {e}"
+                continue
+            for s in range(state["step"], STEPS):
+                global_step(model, opt, s, rank, world_size, kind)
+            out[saved_at, kind] = full_weights(model)
+            out[saved_at, f"{kind} state"] = {k: state[k] for k in ("step", "items", "resumed",
+                                                                    "rng")}
+    if world_size == 2:
+        out["damaged rank-1.pt"] = refused(os.path.join(root, "damaged rank-1.pt"), "plain",
+                                           rank, world_size)
+        out["pieces"] = refused(os.path.join(root, "pieces"), "fsdp momentum", rank, world_size)
+        for kind in ("plain", "fsdp adam"):  # a sound checkpoint, but rank 1's optimizer fails
+            out["rank 1 fails", kind] = refused(os.path.join(root, "2", kind), kind, rank,
+                                                world_size, failing_rank=1)
     return out
+
+
+def refused(ckpt_dir, kind, rank, world_size, failing_rank=None):
+    """Try to load a checkpoint that must be refused into a model and optimizer one step in:
+    the error, and their state before and after."""
+    model, opt = build(kind)
+    global_step(model, opt, 0, rank, world_size, kind)
+    before = (full_weights(model), optimizer_state(opt))
+    if rank == failing_rank:
+        def broken(state_dict):
+            raise KeyError("something this optimizer needs")
+        opt.load_state_dict = broken
+    try:
+        load_checkpoint(ckpt_dir, model, opt)
+        error = None
+    except ValueError as e:
+        error = str(e)
+    return {"error": error, "before": before, "after": (full_weights(model), optimizer_state(opt))}
+
+
+def optimizer_state(opt):
+    """This rank's optimizer state, as tensors (FSDP: its pieces)."""
+    state = opt.state_dict()["state"]
+    return {(i, k): torch.as_tensor(v).clone() for i, e in state.items() for k, v in e.items()}
+
+
+def as_rank_0s_pieces(shared, world_size=3):
+    """The optimizer state as a checkpoint of rank 0's own pieces would hold it."""
+    for entry in shared["optimizer"]["state"].values():
+        for k, v in entry.items():
+            if torch.is_tensor(v) and v.dim() >= 2:
+                entry[k] = v.reshape(-1)[:-(-v.numel() // world_size)].clone()
 
 
 @pytest.fixture(scope="module")
 def resharded(tmp_path_factory):
     from dist_sgd.plumbing.launch import launch
     root = str(tmp_path_factory.mktemp("resharded"))
-    saved = launch(save_at_two, 2, root, timeout=30)
-    return saved, {n: launch(resume, n, root, timeout=30) for n in (1, 3)}
+    saved = {p: launch(train_and_save, p, os.path.join(root, str(p)), timeout=60) for p in (2, 3)}
+    damaged = shutil.copytree(latest_checkpoint(os.path.join(root, "2", "plain")),
+                              os.path.join(root, "damaged rank-1.pt", "step-00000003"))
+    shutil.copy(os.path.join(root, "2", "plain", "latest"), os.path.dirname(damaged))
+    flip_byte(os.path.join(damaged, "rank-1.pt"),
+              tensor_data_offset(os.path.join(damaged, "rank-1.pt")))
+    pieces = shutil.copytree(os.path.join(root, "3", "fsdp momentum"), os.path.join(root, "pieces"))
+    rewrite(latest_checkpoint(pieces), "shared.pt", as_rank_0s_pieces)
+    return saved, {n: launch(resume, n, root, timeout=60) for n in RESUMES}
 
 
 def full_weights(model):
@@ -324,8 +489,24 @@ def test_saved_at_two_ranks_resumes_at_another_world_size_within_rounding(reshar
                                                                           world_size):
     saved, resumed = resharded
     for rank, r in enumerate(resumed[world_size]):
-        for got, want in zip(r[kind], saved[0][kind]):
+        assert not isinstance(r[2, kind], str), r[2, kind]
+        for got, want in zip(r[2, kind], saved[2][0][kind]):
             torch.testing.assert_close(got, want, rtol=0, atol=ROUNDING,
+                                       msg=lambda m: f"rank {rank} of {world_size}: {m}")
+
+
+@pytest.mark.parametrize("kind", ["fsdp momentum", "fsdp adam"])
+@pytest.mark.parametrize("saved_at,world_size", [(2, 2), (3, 2), (2, 3)])
+def test_fsdp_checkpoint_holds_the_full_optimizer_state_and_resumes_at_any_world_size(
+        resharded, kind, saved_at, world_size):
+    # Each rank's own pieces of the momentum (Adam's moments) come back, cut from the whole:
+    # at the same world size bit for bit, at another within float32 rounding.
+    saved, resumed = resharded
+    atol = 0 if saved_at == world_size else ROUNDING
+    for rank, r in enumerate(resumed[world_size]):
+        assert not isinstance(r[saved_at, kind], str), r[saved_at, kind]
+        for got, want in zip(r[saved_at, kind], saved[saved_at][0][kind]):
+            torch.testing.assert_close(got, want, rtol=0, atol=atol,
                                        msg=lambda m: f"rank {rank} of {world_size}: {m}")
 
 
@@ -334,7 +515,7 @@ def test_resuming_at_another_world_size_says_so(resharded, world_size):
     _, resumed = resharded
     for r in resumed[world_size]:
         for kind in KINDS:
-            state = r[f"{kind} state"]
+            state = r[2, f"{kind} state"]
             assert state["resumed"] == (f"resumed from step {SAVE_AT}, saved at world size 2, "
                                         f"now {world_size}"), state
             assert state["step"] == SAVE_AT and state["items"] == SAVE_AT * G
@@ -343,7 +524,42 @@ def test_resuming_at_another_world_size_says_so(resharded, world_size):
 
 def test_zero_state_dict_follows_torchs_consolidate_idiom(resharded):
     saved, _ = resharded
-    zero, other = saved[0]["idiom"], saved[1]["idiom"]
+    zero, other = saved[2][0]["idiom"], saved[2][1]["idiom"]
     assert "consolidate_state_dict" in zero["unconsolidated"], zero
     assert zero["keys"] == [0, 1, 2, 3], zero  # Adam state of all 4 parameters, plain layout
     assert "consolidate_state_dict" in other["elsewhere"] and "rank 0" in other["elsewhere"]
+
+
+def assert_refused_and_untouched(r, rank):
+    for (got, want) in zip(r["after"], r["before"]):  # the weights, then the optimizer state
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=lambda m: f"rank {rank}: {m}")
+
+
+def test_a_damaged_rank_file_is_refused_on_every_rank(resharded):
+    # Only rank 1 reads rank-1.pt; rank 0 must refuse too, or it would go on training alone.
+    _, resumed = resharded
+    for rank, r in enumerate(resumed[2]):
+        r = r["damaged rank-1.pt"]
+        assert r["error"] and "rank-1.pt" in r["error"] and "damaged" in r["error"], (rank, r)
+        assert_refused_and_untouched(r, rank)
+
+
+def test_one_ranks_pieces_of_the_optimizer_state_are_refused_and_say_so(resharded):
+    # A checkpoint holding rank 0's pieces of the momentum, saved at 3 ranks, loaded at 2.
+    _, resumed = resharded
+    for rank, r in enumerate(resumed[2]):
+        r = r["pieces"]
+        assert r["error"] and "momentum_buffer" in r["error"], (rank, r)
+        assert "piece, as at world size 3" in r["error"] and "(16, 5)" in r["error"], r["error"]
+        assert_refused_and_untouched(r, rank)
+
+
+@pytest.mark.parametrize("kind", ["plain", "fsdp adam"])
+def test_a_load_failing_on_one_rank_puts_every_rank_back(resharded, kind):
+    # Rank 0 loaded everything before rank 1's optimizer raised: rank 0 goes back too.
+    _, resumed = resharded
+    for rank, r in enumerate(resumed[2]):
+        r = r["rank 1 fails", kind]
+        assert r["error"] and "something this optimizer needs" in r["error"], (rank, r)
+        assert "left as they were" in r["error"], r["error"]
+        assert_refused_and_untouched(r, rank)

@@ -16,10 +16,11 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 
 from dist_sgd.ddp.ddp import DistributedDataParallel
+from dist_sgd.faults.fsdp_checkpoint import full_optim_state_dict, load_full_optim_state_dict
 from dist_sgd.plumbing.launch import launch
 from dist_sgd.sgd.optim import SGD
 from dist_sgd.shard.fsdp import FullyShardedDataParallel
-from dist_sgd.shard.fsdp_io import Counted, full_optim_state_dict, load_full_optim_state_dict
+from dist_sgd.shard.fsdp_io import Counted
 from dist_sgd.shard.zero import wire_bytes
 
 STEPS, BATCH = 3, 4  # per rank

@@ -125,6 +125,23 @@ EXERCISES = (
          "Divide by dist.get_world_size(), once: p.grad /= world_size (in place, so the "
          "optimizer sees it)."),
         world_sizes=(1, 2, 3, 4)),
+    Exercise(
+        "save_checkpoint", "14", "dist_sgd.faults.checkpoint",
+        ("save_checkpoint", "load_checkpoint"),
+        "a checkpoint that resumes bit for bit: save_checkpoint writes the model, the optimizer, "
+        "the step and this rank's random generators; load_checkpoint puts the latest back and "
+        "returns {\"step\": ...} (None when the folder holds none)",
+        ("Every rank calls both. The model's and the optimizer's state_dict() hold the weights "
+         "and the momentum (and the learning rate); torch.save / torch.load write and read them.",
+         "A resumed run draws the same dropout masks, data and jitter only if the generators "
+         "come back too: torch.get_rng_state() and random.getstate() (rng_state() here has "
+         "them all), set back with torch.set_rng_state / random.setstate (set_rng_state).",
+         "Each rank's generators are its own: save them per rank (rank-{rank}.pt), not rank "
+         "0's for everyone. The model and optimizer are the same on every rank: rank 0 may "
+         "write them once (then a dist.barrier() before anyone reads).",
+         "Several checkpoints in one folder: write step-{step:08d}/ and then a small file "
+         "naming it (latest); load reads that name. Return {\"step\": step} from the load."),
+        world_sizes=(1, 2, 3)),
 )
 
 _BY_NAME = {e.name: e for e in EXERCISES}

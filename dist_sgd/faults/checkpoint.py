@@ -6,9 +6,10 @@
 
 Every rank calls both (they are collective when a process group exists). On disk:
 
-    ckpt_dir/step-00000120/shared.pt     model + optimizer, whole; step, items, world size
-    ckpt_dir/step-00000120/rank-1.pt     this rank's own: random generators, sampler, extra
-    ckpt_dir/latest                      one line, "step-00000120": the checkpoint to load
+    ckpt_dir/step-00000120/shared.pt        model + optimizer, whole; step, items, world size
+    ckpt_dir/step-00000120/rank-1.pt        this rank's own: random generators, sampler, extra
+    ckpt_dir/step-00000120/checksums.json   each file's sha256 and size, as written
+    ckpt_dir/latest                         one line, "step-00000120": the checkpoint to load
 
 What is shared is saved whole, in the layout of one process: the model's full state_dict and
 the optimizer's plain state_dict (a ZeRO-1 optimizer's shards consolidated on rank 0 first,
@@ -33,15 +34,24 @@ beyond `keep` are removed after.
 
 A checkpoint that does not fit is refused before anything changes, with the reason: a model
 with other parameter names or shapes, an optimizer of another kind or size, a damaged file
-(named). Every rank reads the same file, so every rank refuses alike. As a last guard, a load
-that fails half-way (an optimizer raising on the saved state) puts the model's weights back.
+(named). Damaged: torch.load checks no checksum (a flipped byte in a tensor loads as a wrong
+weight), so every file is read whole and its sha256 and size compared with checksums.json
+first. Each rank checks what it reads (the shared file, its own), then the ranks compare: one
+rank's refusal is every rank's, before any rank loads anything. As a last guard, a load that
+fails half-way (an optimizer raising on the saved state) on any rank puts every rank's model
+and optimizer back.
 
-FSDP (or any model whose weights are sharded): gather them into a full state_dict on every rank
-in `full_model_state` and load the full one in `load_full_model_state` (torch's
-get_model_state_dict / set_model_state_dict with full_state_dict=True); the optimizer's
-consolidated state plugs in through `full_optimizer_state` the same way. The file format stays.
+FullyShardedDataParallel: each rank holds pieces of the weights and of the optimizer state (the
+momentum, Adam's moments), so both go in and out full (dist_sgd.faults.fsdp_checkpoint: the
+pieces gathered on the way out, each rank's cut again on the way in), as torch's
+get_state_dict / set_state_dict with full_state_dict=True: the same file as the plain model's,
+loadable at any world size. `full_model_state` / `full_optimizer_state` and their loaders are
+where another sharded model would plug in.
 """
+import copy
 import hashlib
+import io
+import json
 import os
 import random
 import shutil
@@ -49,10 +59,16 @@ import shutil
 import torch
 import torch.distributed as dist
 
+from dist_sgd.course.mine import swap_in
+from dist_sgd.faults.fsdp_checkpoint import (full_optim_state_dict, full_shapes,
+                                             load_full_optim_state_dict, optim_state_problems)
 from dist_sgd.plumbing.rank import world
+from dist_sgd.shard.fsdp import FullyShardedDataParallel
 
 LATEST = "latest"
-RESTORED, RESEEDED = "restored", "reseeded from (step, rank)"
+CHECKSUMS = "checksums.json"
+RESTORED = "restored"
+RESEEDED = "reseeded from (step, rank)"
 
 
 def _barrier():
@@ -64,7 +80,11 @@ def _unwrap(model):
     """A DDP wrapper (ours or torch's) keeps the real model in .module: save that, so a
     checkpoint loads with or without the wrapper. A sharded wrapper (FullyShardedDataParallel)
     stays: its own state_dict() is the full one, its .module holds this rank's pieces only."""
-    return model if hasattr(model, "gather_full_params") else getattr(model, "module", model)
+    return model if _sharded(model) else getattr(model, "module", model)
+
+
+def _sharded(model):
+    return isinstance(model, FullyShardedDataParallel)
 
 
 def rng_state():
@@ -102,23 +122,27 @@ def reseed(step, rank):
         pass
 
 
-def _atomic_save(obj, path):
-    """torch.save to a temporary name, flushed to disk, then renamed into place."""
+def _atomic_write(data, path):
+    """Bytes to a temporary name, flushed to disk, then renamed into place."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
-        torch.save(obj, f)
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _atomic_save(obj, path):
+    """torch.save, written atomically. Returns the file's checksum entry {sha256, bytes}."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    data = buffer.getvalue()
+    _atomic_write(data, path)
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
 def _atomic_write_text(text, path):
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _atomic_write(text.encode(), path)
 
 
 def step_dir(ckpt_dir, step):
@@ -136,12 +160,24 @@ def load_full_model_state(model, state):
     _unwrap(model).load_state_dict(state)
 
 
-def full_optimizer_state(optimizer, rank):
+def full_optimizer_state(model, optimizer, rank):
     """The optimizer's plain state_dict on rank 0, None elsewhere (every rank calls this).
-    A sharded optimizer (ours, torch's ZeroRedundancyOptimizer) consolidates on rank 0 first."""
+    A sharded optimizer (ours, torch's ZeroRedundancyOptimizer) consolidates on rank 0 first;
+    the optimizer of a FullyShardedDataParallel holds pieces: gathered to full on every rank."""
+    if _sharded(model):
+        state = full_optim_state_dict(model, optimizer)
+        return state if rank == 0 else None
     if hasattr(optimizer, "consolidate_state_dict"):
         optimizer.consolidate_state_dict(to=0)
     return optimizer.state_dict() if rank == 0 else None
+
+
+def load_full_optimizer_state(model, optimizer, state):
+    """Each rank keeps what it needs of the whole (a shard, FSDP's pieces, or everything)."""
+    if _sharded(model):
+        load_full_optim_state_dict(model, optimizer, state)
+    else:
+        optimizer.load_state_dict(state)
 
 
 def optimizer_kind(optimizer):
@@ -155,24 +191,35 @@ def save_checkpoint(ckpt_dir, step, model, optimizer=None, items=None, sampler_s
     """Write the checkpoint of `step` (collective: every rank calls it). Returns its folder.
 
     items: the global items consumed so far (the data position at any world size)."""
+    # ---- exercise save_checkpoint: save model, optimizer, step and this rank's generators
     rank, world_size = world()
     folder = step_dir(ckpt_dir, step)
     os.makedirs(folder, exist_ok=True)
     model_state = full_model_state(model)  # collective pieces first, on every rank
-    opt_state = full_optimizer_state(optimizer, rank) if optimizer is not None else None
+    opt_state = full_optimizer_state(model, optimizer, rank) if optimizer is not None else None
+    written = {}
     if rank == 0:
-        _atomic_save({"step": step, "items": items, "world_size": world_size,
-                      "model": model_state, "optimizer": opt_state,
-                      "optimizer_kind": optimizer_kind(optimizer) if optimizer else None},
-                     os.path.join(folder, "shared.pt"))
-    _atomic_save({"rank": rank, "rng": rng_state(), "sampler": sampler_state, "extra": extra},
-                 os.path.join(folder, f"rank-{rank}.pt"))
-    _barrier()  # every rank's files are in place before `latest` may point at them
+        written["shared.pt"] = _atomic_save(
+            {"step": step, "items": items, "world_size": world_size, "model": model_state,
+             "optimizer": opt_state,
+             "optimizer_kind": optimizer_kind(optimizer) if optimizer else None},
+            os.path.join(folder, "shared.pt"))
+    written[f"rank-{rank}.pt"] = _atomic_save(
+        {"rank": rank, "rng": rng_state(), "sampler": sampler_state, "extra": extra},
+        os.path.join(folder, f"rank-{rank}.pt"))
+    every = [written]
+    if dist.is_initialized():  # each rank's files are written once it hands their checksums
+        every = [None] * world_size if rank == 0 else None
+        dist.gather_object(written, every, dst=0)
+    if rank == 0:
+        _write_checksums(folder, {name: entry for files in every for name, entry in files.items()})
+    _barrier()  # every rank's files and the checksums are in place before `latest` may move
     if rank == 0:
         _atomic_write_text(os.path.basename(folder) + "\n", os.path.join(ckpt_dir, LATEST))
         _remove_old(ckpt_dir, keep)
     _barrier()  # nobody reads `latest` (or leaves) before it moved
     return folder
+    # ---- end of exercise
 
 
 def _remove_old(ckpt_dir, keep):
@@ -193,30 +240,78 @@ def latest_checkpoint(ckpt_dir):
     return os.path.join(ckpt_dir, name)
 
 
-def _read(path):
+def _digest(listed):
+    return hashlib.sha256(json.dumps(listed, sort_keys=True).encode()).hexdigest()
+
+
+def _write_checksums(folder, listed):
+    """{file name: {sha256, bytes}}, with a sha256 of its own: a changed byte in it shows too."""
+    text = json.dumps({"files": listed, "sha256": _digest(listed)}, indent=1, sort_keys=True)
+    _atomic_write(text.encode(), os.path.join(folder, CHECKSUMS))
+
+
+def _checksums(folder):
+    path = os.path.join(folder, CHECKSUMS)
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - truncated, empty, not a checkpoint: all "damaged"
-        raise ValueError(f"checkpoint file {path} is damaged or incomplete (truncated, empty or "
-                         f"not written by save_checkpoint): {type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:200]}") from e
+        with open(path, "rb") as f:
+            content = json.loads(f.read().decode())
+        if _digest(content["files"]) != content["sha256"]:
+            raise ValueError("its own sha256 does not match what it lists")
+        return content["files"]
+    except FileNotFoundError:
+        raise ValueError(f"checkpoint {folder} has no {CHECKSUMS}: it was not written "
+                         "completely (or by an older save_checkpoint): nothing in it can be "
+                         "verified") from None
+    except Exception as e:  # noqa: BLE001 - not JSON, not the layout: damaged either way
+        raise ValueError(f"checkpoint file {path} is damaged: {type(e).__name__}: "
+                         f"{str(e)[:200]}") from e
+
+
+def _read(path, listed):
+    """The object in a checkpoint file, once its bytes are the ones save_checkpoint wrote."""
+    name = os.path.basename(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ValueError(f"checkpoint file {path} is missing or unreadable: {e}") from e
+    want = listed.get(name)
+    if want is None:
+        raise ValueError(f"checkpoint file {path} is damaged: {CHECKSUMS} does not list it")
+    if len(data) != want["bytes"]:
+        raise ValueError(f"checkpoint file {path} is damaged: {len(data)} bytes, "
+                         f"{want['bytes']} were written (truncated, or grown)")
+    if hashlib.sha256(data).hexdigest() != want["sha256"]:
+        raise ValueError(f"checkpoint file {path} is damaged: its sha256 is not the one written "
+                         f"with it in {CHECKSUMS} (a changed byte, in the one or the other)")
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - the bytes as written, yet not a checkpoint
+        raise ValueError(f"checkpoint file {path} is damaged or not written by save_checkpoint: "
+                         f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
 
 
 # ---- checks: every one before anything is loaded ----------------------------------------------
 
-def _check_model(model, saved):
-    own = model.state_dict()
+def _model_shapes(model):
+    """{name: full shape} of every entry of the model's state_dict, nothing gathered."""
+    if _sharded(model):
+        return full_shapes(model)
+    return {name: tuple(t.shape) for name, t in _unwrap(model).state_dict().items()}
+
+
+def _check_model(own, saved):
     missing, unexpected = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
-    for name, tensor in own.items():
-        if tensor.shape != saved[name].shape:
+    for name, shape in own.items():
+        if tuple(saved[name].shape) != shape:
             raise ValueError(f"checkpoint does not match the model: {name} has shape "
-                             f"{tuple(saved[name].shape)} there, {tuple(tensor.shape)} here")
+                             f"{tuple(saved[name].shape)} there, {shape} here")
 
 
-def _check_optimizer(optimizer, shared, folder):
+def _check_optimizer(model, optimizer, shared, folder):
     saved = shared["optimizer"]
     if saved is None:
         raise ValueError(f"checkpoint {folder} holds no optimizer state")
@@ -232,6 +327,11 @@ def _check_optimizer(optimizer, shared, folder):
     if have != got:
         raise ValueError(f"checkpoint {folder} has parameter groups of {got} parameters, this "
                          f"optimizer has {have}")
+    if _sharded(model):  # the state must be whole: each rank cuts its pieces from it
+        problems = optim_state_problems(model, optimizer, saved)
+        if problems:
+            raise ValueError(f"checkpoint {folder}: " + "; ".join(problems))
+        return
     params = [p for g in optimizer.param_groups for p in g["params"]]
     for i, entry in saved["state"].items():
         for key, value in entry.items():
@@ -241,33 +341,87 @@ def _check_optimizer(optimizer, shared, folder):
                                  f"{tuple(params[i].shape)}")
 
 
+def _refusal(error):
+    """None when no rank found an error, else the one message every rank raises (a collective
+    when a group exists: one rank's refusal is every rank's)."""
+    rank, world_size = world()
+    if not dist.is_initialized() or world_size == 1:
+        return error
+    errors = [None] * world_size
+    dist.all_gather_object(errors, error)
+    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    if not failed:
+        return None
+    who = ("every rank" if len(failed) == world_size else
+           "rank " + ", ".join(str(r) for r, _ in failed))
+    return f"{failed[0][1]} (found on {who}: every rank refuses)"
+
+
+def _snapshot(model, optimizer):
+    """What this rank holds (FSDP: its own pieces), to put back; nothing gathered."""
+    local = model.module if _sharded(model) else _unwrap(model)
+    weights = {k: v.detach().clone() for k, v in local.state_dict().items()}
+    if optimizer is None:
+        return local, weights, None
+    opts = [optimizer] + [o for o in [getattr(optimizer, "optim", None)] if o is not None]
+    state = [{p: {k: v.clone() if torch.is_tensor(v) else copy.deepcopy(v)
+                  for k, v in entry.items()} for p, entry in o.state.items()} for o in opts]
+    groups = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups]
+              for o in opts]
+    return local, weights, (opts, state, groups)
+
+
+def _restore(snapshot):
+    local, weights, held = snapshot
+    with torch.no_grad():
+        local.load_state_dict(weights)
+    for o, state, groups in zip(*held) if held else []:
+        o.state.clear()  # load_state_dict may have replaced the dict: clear the one it holds
+        o.state.update(state)
+        for g, h in zip(o.param_groups, groups):
+            g.update(h)
+
+
 def load_checkpoint(ckpt_dir, model, optimizer=None, restore_rng=True):
     """Load the latest checkpoint into model (and optimizer), at this run's world size.
 
     Returns {"step", "items", "saved_world_size", "resumed" (one sentence saying from where),
     "rng" ("restored" or "reseeded from (step, rank)"), "sampler", "extra", "path"}, or None
-    when ckpt_dir holds no checkpoint. Raises ValueError, changing nothing, when it does not fit.
+    when ckpt_dir holds no checkpoint. Raises ValueError on every rank, changing nothing, when
+    it does not fit or is damaged.
     """
+    # ---- exercise save_checkpoint: load the latest back (model, optimizer, generators)
     folder = latest_checkpoint(ckpt_dir)
     if folder is None:
         return None
     rank, world_size = world()
-    shared = _read(os.path.join(folder, "shared.pt"))
-    target = _unwrap(model)
-    _check_model(target, shared["model"])
-    if optimizer is not None:
-        _check_optimizer(optimizer, shared, folder)
+    shared = own = error = None
+    try:  # every check on every rank, then the ranks compare: before anything is loaded
+        listed = _checksums(folder)
+        shared = _read(os.path.join(folder, "shared.pt"), listed)
+        _check_model(_model_shapes(model), shared["model"])
+        if optimizer is not None:
+            _check_optimizer(model, optimizer, shared, folder)
+        if shared["world_size"] == world_size:
+            own = _read(os.path.join(folder, f"rank-{rank}.pt"), listed)
+    except Exception as e:  # noqa: BLE001 - a refusal, said on every rank
+        error = str(e) if isinstance(e, ValueError) else f"checkpoint {folder}: {e!r}"
+    refused = _refusal(error)
+    if refused:
+        raise ValueError(refused)
     same = shared["world_size"] == world_size
-    own = _read(os.path.join(folder, f"rank-{rank}.pt")) if same else None
-    before = {k: v.clone() for k, v in target.state_dict().items()}
+    snapshot, what = _snapshot(model, optimizer), "model"
     try:
         load_full_model_state(model, shared["model"])
         if optimizer is not None:
-            optimizer.load_state_dict(shared["optimizer"])
-    except Exception as e:  # noqa: BLE001 - put the weights back, then say why
-        target.load_state_dict(before)
-        raise ValueError(f"checkpoint {folder} does not fit this optimizer ({type(e).__name__}: "
-                         f"{e}); the model was left as it was") from e
+            what = "optimizer"
+            load_full_optimizer_state(model, optimizer, shared["optimizer"])
+    except Exception as e:  # noqa: BLE001 - put everything back, on every rank, then say why
+        error = f"checkpoint {folder} does not fit this {what} ({type(e).__name__}: {e})"
+    refused = _refusal(error)
+    if refused:
+        _restore(snapshot)
+        raise ValueError(f"{refused}; the model and the optimizer were left as they were")
     rng = None
     if restore_rng:
         rng = RESTORED if same else RESEEDED
@@ -278,6 +432,7 @@ def load_checkpoint(ckpt_dir, model, optimizer=None, restore_rng=True):
             "resumed": resumed + ("" if same else f", now {world_size}"), "rng": rng,
             "sampler": own["sampler"] if same else None, "extra": own["extra"] if same else None,
             "path": folder}
+    # ---- end of exercise
 
 
 def weights_sha256(model):
@@ -286,3 +441,6 @@ def weights_sha256(model):
     for p in _unwrap(model).parameters():
         h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+swap_in(globals(), "save_checkpoint")  # DIST_SGD_MINE: a learner's version replaces ours

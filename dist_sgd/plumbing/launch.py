@@ -73,7 +73,8 @@ def init_url(init_method, workdir=None):
         return f"tcp://127.0.0.1:{free_port()}"
     if init_method == "file":
         # The file must not exist yet; every rank must see the same path (a shared filesystem).
-        return "file://" + os.path.join(workdir or tempfile.mkdtemp(prefix="dist_sgd_"), "rendezvous")
+        folder = workdir or tempfile.mkdtemp(prefix="dist_sgd_")
+        return "file://" + os.path.join(folder, "rendezvous")
     if "://" in init_method:
         return init_method
     raise ValueError(f"init_method must be one of {INIT_METHODS} or a URL, got {init_method!r}")
@@ -168,7 +169,8 @@ def _context():
     if method == "forkserver":
         # torch._dynamo too: torch's optimizers and DDP import it on first use, 3-4 s of CPU in
         # every rank of every launch; imported once here, it starts no thread.
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "dist_sgd.plumbing.launch"])
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo",
+                                    "dist_sgd.plumbing.launch"])
     return ctx
 
 
@@ -301,7 +303,8 @@ def _collect(procs, conns, end=None):
                 procs[r].join(timeout=5)
                 code = procs[r].exitcode
                 if code != 0:
-                    how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                    how = f"killed by signal {-code}" if code is not None and code < 0 \
+                        else f"exit code {code}"
                     failures[r] = ("died", f"died without reporting a result ({how})", "")
                 # exit code 0 without a result (os._exit(0)): success, as for torch's launchers
             else:
@@ -335,13 +338,15 @@ def _rank_error(failures, pending, finished=()):
         lines += _returned_early(finished, blamed)
     for r, (_, other, _) in failures.items():
         if r != blamed:
-            lines.append(f"rank {r} also failed, probably as a consequence: {other.splitlines()[0][:300]}")
+            lines.append(f"rank {r} also failed, probably as a consequence: "
+                         f"{other.splitlines()[0][:300]}")
     if pending:
-        lines.append("still running then (now stopped): " + ", ".join(f"rank {r}" for r in sorted(pending)))
+        lines.append("still running then (now stopped): "
+                     + ", ".join(f"rank {r}" for r in sorted(pending)))
         if kind == "symptom":
-            lines.append(f"rank {blamed}'s error came from inside torch.distributed: a peer stopped "
-                         "answering. Look at the rank(s) still running, which probably hung "
-                         "(or pass a longer timeout for slow work)")
+            lines.append(f"rank {blamed}'s error came from inside torch.distributed: a peer "
+                         "stopped answering. Look at the rank(s) still running, which probably "
+                         "hung (or pass a longer timeout for slow work)")
     if tb:
         lines.append(f"--- traceback from rank {blamed} ---\n{tb}")
     return RankError(blamed, "\n".join(lines), {r: f[2] for r, f in failures.items()})
@@ -379,7 +384,8 @@ def _run_here(fn, world_size, args, backend, timeout, threads):
         print(f"note: running under torchrun with WORLD_SIZE={size}; "
               f"ignoring the requested world size {world_size}", flush=True)
     backend = backend or default_backend(int(os.environ.get("LOCAL_WORLD_SIZE", size)))
-    torch.set_num_threads(threads)  # as spawned ranks: a plain RANK=... start has no OMP_NUM_THREADS
+    # As spawned ranks: a plain RANK=... start has no OMP_NUM_THREADS.
+    torch.set_num_threads(threads)
     store = _launcher_store(rank, timeout)
     # Each launch() in this process gets keys of its own: a store keeps the keys of earlier
     # groups, and a new group that read them would try to connect to the old one. The agent's
@@ -389,7 +395,8 @@ def _run_here(fn, world_size, args, backend, timeout, threads):
     # need: a node that joins later counts its restarts from 0.
     shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     run = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") if shared else "-"
-    store = dist.PrefixStore(f"dist_sgd/{run}/{store.add(f'dist_sgd/{run}/calls/{rank}', 1)}/", store)
+    call = store.add(f"dist_sgd/{run}/calls/{rank}", 1)
+    store = dist.PrefixStore(f"dist_sgd/{run}/{call}/", store)
     _init(rank, size, backend, timeout, store=dist.PrefixStore("group/", store))
     exiting = None
     try:
@@ -479,7 +486,8 @@ def lesson_parser(doc, world_size=2, save_figures=False):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     several = isinstance(world_size, (list, tuple))
     shown = " ".join(map(str, world_size)) if several else world_size
-    parser.add_argument("--world-size", type=int, default=list(world_size) if several else world_size,
+    default = list(world_size) if several else world_size
+    parser.add_argument("--world-size", type=int, default=default,
                         nargs="+" if several else None, metavar="N",
                         help=f"number of ranks to spawn (default {shown}; "
                              "ignored under torchrun, which sets WORLD_SIZE)")

@@ -49,6 +49,7 @@ import torch.nn as nn
 
 from dist_sgd.comm import collectives as ours
 from dist_sgd.ddp.hooks import call_when_backward_ends
+from dist_sgd.faults import fsdp_checkpoint
 from dist_sgd.plumbing.rank import world
 from dist_sgd.shard import fsdp_io
 from dist_sgd.shard.fsdp_io import Counted, cast, check_module, itemsize, retire, tensors
@@ -363,8 +364,8 @@ class FullyShardedDataParallel(nn.Module):
 
     def state_dict(self, destination=None, prefix="", keep_vars=False):
         """The plain module's state_dict, full and gathered, on every rank (collective)."""
-        return fsdp_io.full_state_dict(self, destination, prefix)
+        return fsdp_checkpoint.full_state_dict(self, destination, prefix)
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
         """Load a plain module's (full) state_dict: each rank keeps its pieces."""
-        return fsdp_io.load_full_state_dict(self, state_dict, strict)
+        return fsdp_checkpoint.load_full_state_dict(self, state_dict, strict)

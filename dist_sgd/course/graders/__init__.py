@@ -1,3 +1,3 @@
 """One grader per exercise, named as the exercise (see dist_sgd.course.grade for how a case is
 written and run): ring_sum (lesson 02), broadcast, all_gather, reduce_scatter (03),
-ring_all_reduce (04), average_gradients (06)."""
+ring_all_reduce (04), average_gradients (06), save_checkpoint (14)."""

@@ -1,0 +1,167 @@
+"""Lesson 14's save_checkpoint / load_checkpoint: a run killed after a checkpoint and resumed
+from it ends with the weights of the run never interrupted, bit for bit. That needs the model,
+the optimizer (momentum, learning rate) and every rank's own random generators back."""
+import random
+import shutil
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dist_sgd.course.grade import Grader
+
+grader = Grader("save_checkpoint", error_hints={
+    "No such file": "load_checkpoint reads what save_checkpoint wrote: the same folder and "
+                    "file names, on every rank (and a dist.barrier() when one rank writes "
+                    "what the others read)",
+    "'NoneType' object is not subscriptable": "load_checkpoint returns None only when the "
+                                              "folder holds no checkpoint yet"})
+STEPS, KILLED_AT = 6, 3
+MOMENTUM_HINT = "the optimizer's state_dict() holds the momentum and the learning rate: save " \
+                "it, and load it with optimizer.load_state_dict"
+RNG_HINT = "dropout, the data and the jitter come from the random generators: save " \
+           "torch.get_rng_state() and random.getstate(), and set them back on load"
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)  # the same weights on every rank
+    return nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.3), nn.Tanh(), nn.Linear(8, 2))
+
+
+def _optimizer(model):
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def _seed(ctx, base):
+    """Each rank its own torch stream (its data, its dropout masks), as in data-parallel
+    training; python's the same on every rank (the learning-rate jitter: one model)."""
+    torch.manual_seed(base + ctx.rank)
+    random.seed(base)
+
+
+def _step(ctx, model, opt):
+    """One step that draws from every generator: data and dropout (torch), a learning-rate
+    jitter (python's random); gradients averaged over the ranks, as DDP does."""
+    x, y = torch.randn(4, 6), torch.randn(4, 2)
+    for g in opt.param_groups:
+        g["lr"] = 0.1 * (1 + 0.1 * random.random())
+    opt.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= ctx.world_size
+    opt.step()
+
+
+def _folder(ctx):
+    """One fresh folder, the same on every rank."""
+    return ctx.everyone(tempfile.mkdtemp(prefix="ckpt_") if ctx.rank == 0 else None)[0]
+
+
+def _finish(ctx, folder):
+    ctx.everyone(None)  # every rank is done reading before the folder goes
+    if ctx.rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _new_process(ctx):
+    """What a restarted process starts from: other weights, a fresh optimizer, other streams."""
+    model = _model(seed=5)
+    _seed(ctx, 999)
+    return model, _optimizer(model)
+
+
+def _expect_step(ctx, state, step):
+    ctx.expect(isinstance(state, dict) and state.get("step") == step,
+               f"load_checkpoint returned {str(state)[:60]}, expected a dict with step {step}",
+               ["return {\"step\": the step saved} (None only when there is no checkpoint)"])
+
+
+@grader.case("saved, then loaded into a fresh model: weights, momentum, learning rate",
+             world_sizes=(1,))
+def round_trip(ctx):
+    folder = _folder(ctx)
+    model = _model()
+    opt = _optimizer(model)
+    _seed(ctx, 100)
+    for _ in range(KILLED_AT):
+        _step(ctx, model, opt)
+    ctx.call(ctx.impl.save_checkpoint, folder, KILLED_AT, model, opt)
+    fresh, fresh_opt = _new_process(ctx)
+    state = ctx.call(ctx.impl.load_checkpoint, folder, fresh, fresh_opt)
+    _finish(ctx, folder)
+    _expect_step(ctx, state, KILLED_AT)
+    for (name, p), q in zip(fresh.named_parameters(), model.parameters()):
+        ctx.expect_close(p.detach(), q.detach(), f"{name} after loading", atol=0)
+    for (name, p), q in zip(fresh.named_parameters(), model.parameters()):
+        got = fresh_opt.state.get(p, {}).get("momentum_buffer")
+        ctx.expect(got is not None, f"{name} has no momentum after loading", [MOMENTUM_HINT])
+        ctx.expect_close(got, opt.state[q]["momentum_buffer"], f"{name}'s momentum", atol=0,
+                         hints=[MOMENTUM_HINT])
+    lr, want = fresh_opt.param_groups[0]["lr"], opt.param_groups[0]["lr"]
+    ctx.expect(lr == want, f"the learning rate is {lr} after loading, expected {want}",
+               [MOMENTUM_HINT])
+
+
+@grader.case("killed after step 3 of 6 and resumed: the uninterrupted run's weights")
+def resumed_run(ctx):
+    folder = _folder(ctx)
+    straight = _model()
+    opt = _optimizer(straight)
+    _seed(ctx, 100)
+    for _ in range(STEPS):
+        _step(ctx, straight, opt)
+    model = _model()
+    opt = _optimizer(model)
+    _seed(ctx, 100)
+    for step in range(1, KILLED_AT + 1):
+        _step(ctx, model, opt)
+        if step >= KILLED_AT - 1:  # two checkpoints: the later one must load
+            ctx.call(ctx.impl.save_checkpoint, folder, step, model, opt)
+    model, opt = _new_process(ctx)  # the process died; a new one starts
+    state = ctx.call(ctx.impl.load_checkpoint, folder, model, opt)
+    for _ in range(KILLED_AT, STEPS):  # every rank the same steps: the collectives pair up
+        _step(ctx, model, opt)
+    _finish(ctx, folder)
+    _expect_step(ctx, state, KILLED_AT)
+    for (name, p), q in zip(model.named_parameters(), straight.parameters()):
+        ctx.expect_close(p.detach(), q.detach(), f"{name} after {STEPS} steps", atol=0,
+                         hints=[RNG_HINT, MOMENTUM_HINT])
+
+
+@grader.case("each rank's own random generators come back")
+def own_generators(ctx):
+    folder = _folder(ctx)
+    model = _model()
+    opt = _optimizer(model)
+    _seed(ctx, 100)
+    _step(ctx, model, opt)
+    ctx.call(ctx.impl.save_checkpoint, folder, 1, model, opt)
+    expected = (torch.rand(4), random.random())  # what this rank draws next, uninterrupted
+    model, opt = _new_process(ctx)
+    ctx.call(ctx.impl.load_checkpoint, folder, model, opt)
+    got = (torch.rand(4), random.random())
+    _finish(ctx, folder)
+    hints = [RNG_HINT] if ctx.world_size == 1 else [
+        "each rank's generators are its own: save them per rank (rank-{rank}.pt) and load "
+        "this rank's, not rank 0's", RNG_HINT]
+    ctx.expect_close(got[0], expected[0], "torch.rand(4) after loading", atol=0, hints=hints)
+    ctx.expect(got[1] == expected[1], f"random.random() after loading is {got[1]}, expected "
+               f"{expected[1]}", hints)
+
+
+@grader.case("an empty folder: load_checkpoint returns None and changes nothing",
+             world_sizes=(1,))
+def nothing_yet(ctx):
+    folder = _folder(ctx)
+    model = _model()
+    opt = _optimizer(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    state = ctx.call(ctx.impl.load_checkpoint, folder, model, opt)
+    _finish(ctx, folder)
+    ctx.expect(state is None, f"load_checkpoint returned {str(state)[:60]}, expected None",
+               ["a first run finds no checkpoint: return None, so the caller starts at step 0"])
+    for p, q in zip(model.parameters(), before):
+        ctx.expect_close(p.detach(), q, "a weight after loading nothing", atol=0)
