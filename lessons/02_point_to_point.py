@@ -32,8 +32,12 @@ Run it (from the repository root):
     torchrun --standalone --nproc-per-node 2 lessons/02_point_to_point.py
 
 Exercises:
-  1. Make every rank call dist.send before dist.recv in section 1 with a 1 MiB tensor (and
-     a short `timeout` in launch) and read the error. Which rank does the launcher blame?
+  0. Write the ring of section 1 yourself: `python3 -m dist_sgd.course start ring_sum` gives
+     you ring_sum with its body to write, `... check ring_sum` grades it against
+     dist.all_reduce at world sizes 1-4 (a deadlock is a failed check, not a hang), and
+     `DIST_SGD_MINE=mine python3 lessons/02_point_to_point.py` runs this lesson on yours.
+  1. Make every rank call dist.send before dist.recv in ring_sum (and a short `timeout` in
+     launch) and read the error. Which rank does the launcher blame?
   2. Run with --world-size 3: does an idle third process change the ping-pong on 2 cores?
   3. From alpha and beta, predict the time to send Net's 21,840 float32 gradients as one
      message, and as 8 messages (one per parameter tensor). Which is cheaper, and by how much?
@@ -50,43 +54,57 @@ from dist_sgd.scale.costmodel import fit_alpha_beta
 from dist_sgd.plumbing.launch import launch, lesson_parser
 from dist_sgd.plumbing.rank import device, log, rank_print
 from dist_sgd.comm.p2p import ping_pong
+from dist_sgd.course.mine import swap_in
 
 SIZES = [8 * 8 ** k for k in range(8)] + [64 * 2 ** 20]  # 8 B, 64 B, ..., 16 MiB, 64 MiB
 QUICK_SIZES = [8, 4096, 2 ** 18, 2 ** 22]
 
 
-def ring_sum(rank, size, blocking):
-    """Pass tensors around the ring N-1 times, adding what arrives; compare with all_reduce."""
+def ring_sum(tensor):
+    """The sum of every rank's tensor: passed p-1 times to the right with blocking send/recv."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    # ---- exercise ring_sum: p-1 steps of blocking send/recv around the ring, no deadlock
     right, left = (rank + 1) % size, (rank - 1) % size
-    mine = torch.arange(4, dtype=torch.float32, device=device()) + 10 * rank
-    total, travelling = mine.clone(), mine
-    for step in range(size - 1):
+    total, travelling = tensor.clone(), tensor
+    for _ in range(size - 1):
         arrived = torch.empty_like(travelling)
-        if blocking and rank % 2 == 0:  # even ranks talk first...
+        if rank % 2 == 0:  # even ranks talk first...
             dist.send(travelling, right)
             dist.recv(arrived, left)
-        elif blocking:  # ...odd ranks listen first
+        else:  # ...odd ranks listen first
             dist.recv(arrived, left)
             dist.send(travelling, right)
-        else:  # post the receive, then the send; wait for both
-            requests = [dist.irecv(arrived, left), dist.isend(travelling, right)]
-            if dist.get_backend() == "nccl":  # NCCL: a send and a receive between the same
-                requests = dist.batch_isend_irecv([  # two ranks must be launched together
-                    dist.P2POp(dist.irecv, arrived, left),
-                    dist.P2POp(dist.isend, travelling, right)])
-            for request in requests:
-                request.wait()
         total += arrived
         travelling = arrived  # pass on what we got
-        if step == 0:
-            rank_print(f"step 1: received {arrived.tolist()} from rank {left}")
-    expected = mine.clone()
+    return total
+    # ---- end of exercise
+
+
+def ring_sum_nonblocking(tensor):
+    """The same ring with irecv/isend: post the receive, then the send; wait for both."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    total, travelling = tensor.clone(), tensor
+    for _ in range(size - 1):
+        arrived = torch.empty_like(travelling)
+        ops = [dist.P2POp(dist.irecv, arrived, left), dist.P2POp(dist.isend, travelling, right)]
+        # batch_isend_irecv calls dist.irecv, then dist.isend, and returns their requests (NCCL
+        # needs a send and a receive between the same two ranks launched together: one batch)
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+        total += arrived
+        travelling = arrived  # pass on what we got
+    return total
+
+
+def check_ring(title, ring, rank):
+    log(f"\n--- {title} ---")  # then the ring's sum of [10r, 10r+1, ...] against torch's
+    mine = torch.arange(4, dtype=torch.float32, device=device()) + 10 * rank
+    total, expected = ring(mine), mine.clone()
     dist.all_reduce(expected)  # torch's own
-    diffs = [None] * size
+    diffs = [None] * dist.get_world_size()
     dist.all_gather_object(diffs, max_diff(total, expected))
-    log(f"after {size - 1} steps every rank holds {total.tolist()}")
-    log(check(f"ring of {'send/recv' if blocking else 'irecv/isend'} vs dist.all_reduce, all ranks",
-              max(diffs), 0.0))
+    log(check(f"{ring.__name__} = {total.tolist()} vs dist.all_reduce, all ranks", max(diffs), 0))
 
 
 def buffer_rule(rank):
@@ -142,10 +160,8 @@ def ping_pong_by_hand(rank, nbytes, round_trips=20):
 
 
 def run(rank, size, args):
-    log(f"\n--- 1. blocking send/recv around a ring of {size} ---")
-    ring_sum(rank, size, blocking=True)
-    log("\n--- 2. non-blocking irecv/isend + wait(), the same ring ---")
-    ring_sum(rank, size, blocking=False)
+    check_ring(f"1. blocking send/recv around a ring of {size}", ring_sum, rank)
+    check_ring("2. non-blocking irecv/isend + wait(), the same ring", ring_sum_nonblocking, rank)
     if size < 2:
         log("\n(sections 3-4 need two ranks: run with --world-size 2)")
         return None
@@ -170,6 +186,9 @@ def run(rank, size, args):
         log(f"({1 / beta / 1e9:.2f} GB/s): a message must be about alpha/beta = "
             f"{alpha / beta:,.0f} bytes before its bytes cost as much as its latency")
     return rows
+
+
+swap_in(globals(), "ring_sum")  # DIST_SGD_MINE: a learner's version replaces this one
 
 
 def main():

@@ -14,13 +14,15 @@ gradients everywhere), but the others are the vocabulary every distributed progr
     reduce_scatter  op(everyone's list[i]) -> rank i           (all_reduce's first half)
     barrier         nobody leaves before everyone arrived      (line up before timing)
 
-For each one this lesson runs torch's version first, then ours from dist_sgd.comm.collectives
-(written with nothing but isend/irecv), shows who ends with what, and checks that ours
-equals torch's (the max difference over all ranks is printed; it is 0 where no float
-rounding is involved). Each rank r starts with the tensor [10r, 10r+1, 10r+2, 10r+3], so
-sums are easy to check by eye. all_reduce takes any op torch's gloo has (SUM, AVG, PRODUCT,
-MIN, MAX, BAND, BOR, BXOR); ours refuses what gloo refuses (AVG of integers, bitwise ops on
-floats) before sending anything. Lesson 04 opens up all_reduce: its algorithms and costs.
+For each one this lesson runs torch's version first, then ours, written with nothing but
+isend/irecv (broadcast, all_gather and reduce_scatter from dist_sgd.comm.textbook, as short
+as a textbook's; the others from dist_sgd.comm.collectives), shows who ends with what, and
+checks that ours equals torch's (the max difference over all ranks is printed; it is 0
+where no float rounding is involved). Each rank r starts with the tensor [10r, 10r+1,
+10r+2, 10r+3], so sums are easy to check by eye. all_reduce takes any op torch's gloo has
+(SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR); ours refuses what gloo refuses (AVG of
+integers, bitwise ops on floats) before sending anything. Lesson 04 opens up all_reduce: its
+algorithms and costs.
 
 Run (from the repository root):
     python lessons/03_collectives.py --world-size 4
@@ -28,8 +30,13 @@ Run (from the repository root):
     DIST_SGD_VERBOSE=1 python lessons/03_collectives.py --world-size 2 --quick   # every message
 
 Exercises:
-  1. With DIST_SGD_VERBOSE=1, count the messages broadcast sends for 2, 3, 4 and 8 ranks.
-     Why is it p-1 messages but only ceil(log2 p) rounds? Which rank sends the most?
+  0. Write three of them yourself: `python3 -m dist_sgd.course start broadcast` (then
+     `... course start all_gather` and `... course start reduce_scatter`) gives you the
+     function with its body to write, `... check broadcast` grades it against torch's at world
+     sizes 1-4 (odd sizes, src other than 0, bytes per rank counted), and `DIST_SGD_MINE=mine
+     python3 lessons/03_collectives.py` runs this lesson on yours.
+  1. With DIST_SGD_VERBOSE=1, count the messages reduce sends for 2, 3, 4 and 8 ranks.
+     Why is it p-1 messages but only ceil(log2 p) rounds? Which rank receives the most?
   2. Build all_reduce from the others: reduce then broadcast, or reduce_scatter then
      all_gather. Check both against dist.all_reduce. Which sends fewer bytes per rank?
   3. torch's reduce leaves the non-dst ranks' tensors undefined (gloo overwrites them with
@@ -44,7 +51,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from dist_sgd.comm import collectives as ours
+from dist_sgd.comm import collectives as ours, textbook
 from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.launch import launch, lesson_parser
 from dist_sgd.plumbing.rank import device, log
@@ -94,7 +101,7 @@ before: r0 [A]  r1 [B]  r2 [C]       after: r0 [C]  r1 [C]  r2 [C]
 down a binomial tree: the src sends to one rank, then both send, then all four...""")
     t, o = mine(), mine()
     dist.broadcast(t, src=root)
-    ours.broadcast(o, src=root)
+    textbook.broadcast(o, root)
     show("ours", o)
     compare("broadcast", o, t)
 
@@ -144,7 +151,7 @@ before: r0 [A]  r1 [B]  r2 [C]       after: everyone [A, B, C]
 ours: the ring's second phase: p-1 steps, each rank forwards what it got last""")
     t_list, o_list = [mine() * 0 for _ in range(size)], [mine() * 0 for _ in range(size)]
     dist.all_gather(t_list, mine())
-    ours.all_gather(o_list, mine())
+    textbook.all_gather(o_list, mine())
     show("ours", o_list)
     compare("all_gather", o_list, t_list)
 
@@ -155,7 +162,7 @@ ours: the ring's first phase: p-1 steps, each adds the piece it receives and pas
     inputs = [torch.arange(2.0, device=dev) + 10 * rank + 100 * i for i in range(size)]
     t, o = torch.zeros(2, device=dev), torch.zeros(2, device=dev)
     dist.reduce_scatter(t, inputs)
-    ours.reduce_scatter(o, inputs)
+    textbook.reduce_scatter(o, inputs)
     for r, (given, got) in enumerate(zip(each_rank(inputs), each_rank(o))):
         log(f"    rank {r}: input_list {fmt(given)}  ->  output {fmt(got)}")
     compare("reduce_scatter", o, t, 1e-6)

@@ -15,6 +15,7 @@ import pytest
 
 from dist_sgd.course import grade
 from dist_sgd.course.exercises import EXERCISES, ROOT, get, select
+from dist_sgd.course.mine import load_file
 from dist_sgd.course.skeleton import reference, skeleton
 
 MUTANTS = sorted(glob.glob(os.path.join(ROOT, "tests", "mutants", "*__*.py")))
@@ -100,6 +101,8 @@ def test_the_untouched_skeleton_fails_every_case(exercise, tmp_path, quick_timeo
 @pytest.mark.parametrize("path", by_exercise(WRONG))
 def test_each_wrong_version_is_rejected_by_its_case(path, quick_timeouts):
     exercise, title = exercise_of(path), caught_by(path)
+    module = load_file(path, "dist_sgd_mutant_" + os.path.basename(path)[:-3])  # it imports:
+    assert all(hasattr(module, s) for s in exercise.symbols)  # rejected for its mistake only
     results = grade.run_grader(exercise.name, ("file", path), titles=[title])
     failed = [r for r in results if not r.ok]
     assert failed, f"{os.path.basename(path)} passes '{title}' at every world size"

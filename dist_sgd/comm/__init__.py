@@ -4,6 +4,8 @@
     wire            one collective call's sends and receives: receives first, trace, VERBOSE
     collectives     broadcast, reduce, all_reduce, all_gather, gather, scatter, reduce_scatter,
                     barrier, built only from isend/irecv (lesson 03)
+    textbook        broadcast, all_gather, reduce_scatter as short as a textbook's, without
+                    the wire (lesson 03 runs them; the course's exercises)
     allreduce       the all-reduce algorithms: naive, tree, ring, halving-doubling (lesson 04)
     ring_pipelined  the ring tuned for big tensors (speed work beside the textbook ring)
     ringviz         the ring replayed from its trace: a table and a GIF

@@ -48,6 +48,60 @@ class Exercise:
 
 EXERCISES = (
     Exercise(
+        "ring_sum", "02", "lessons/02_point_to_point.py", ("ring_sum",),
+        "return the sum of every rank's tensor, passed p-1 times to the right around a ring "
+        "with blocking send/recv, adding what arrives, without a deadlock",
+        ("Rank r sends to (r + 1) % p and receives from (r - 1) % p. Keep a running total "
+         "(a copy of the tensor) and the tensor travelling on; p - 1 steps.",
+         "Each step: receive into a fresh buffer, add it to the total, and pass that buffer on "
+         "at the next step (what arrived, never the total: that would count ranks twice).",
+         "A blocking send waits until its receiver has posted the receive: if every rank sends "
+         "first, every rank waits forever. Some rank must listen first.",
+         "if rank % 2 == 0: dist.send(travelling, right); dist.recv(arrived, left) "
+         "else: the same two calls, the other way round. Then total += arrived; "
+         "travelling = arrived."),
+        world_sizes=(1, 2, 3, 4)),
+    Exercise(
+        "broadcast", "03", "dist_sgd.comm.textbook", ("broadcast",),
+        "copy src's tensor into every rank's, in place, down a binomial tree of send/recv: "
+        "ceil(log2 p) rounds, every rank receiving once",
+        ("Number the ranks from src: me = (rank - src) % p, so src is 0. Whoever has the "
+         "tensor sends it on; the ranks that have it double every round.",
+         "Before round k the ranks me < 2^k have it: each sends to me + 2^k (if that is < p), "
+         "and the ranks 2^k <= me < 2^(k+1) receive from me - 2^k.",
+         "Convert back to real ranks: the peer of a send is (rank + 2^k) % p, of a receive "
+         "(rank - 2^k) % p. Receive straight into tensor: it is the result.",
+         "have = 1; while have < p: if me < have and me + have < p: dist.send(tensor, (rank + "
+         "have) % p) elif have <= me < 2 * have: dist.recv(tensor, (rank - have) % p); "
+         "have *= 2"),
+        world_sizes=(1, 2, 3, 4)),
+    Exercise(
+        "all_gather", "03", "dist_sgd.comm.textbook", ("all_gather",),
+        "put every rank's tensor into every rank's tensor_list (entry i from rank i), around "
+        "a ring of isend/irecv: p-1 steps, each rank passing on what it got last",
+        ("Your own entry first: tensor_list[rank] is a copy of tensor. Rank r sends to "
+         "(r + 1) % p and receives from (r - 1) % p.",
+         "At step s pass entry (r - s) % p on (your own at step 0, then the one that just "
+         "arrived) and receive entry (r - s - 1) % p from the left.",
+         "Receive straight into tensor_list[(r - s - 1) % p]: no buffer, no copy. Each rank "
+         "sends p - 1 tensors in all, never the whole list.",
+         "Post the receive first: req = dist.irecv(tensor_list[take], left); "
+         "dist.send(tensor_list[give], right); req.wait()."),
+        world_sizes=(1, 2, 3, 4)),
+    Exercise(
+        "reduce_scatter", "03", "dist_sgd.comm.textbook", ("reduce_scatter",),
+        "rank i's output = the sum over every rank of its input_list[i], around a ring of "
+        "isend/irecv, the inputs left as they were",
+        ("Work on copies: partial = [t.clone() for t in input_list] (torch leaves input_list "
+         "alone). Rank r sends to (r + 1) % p and receives from (r - 1) % p.",
+         "p - 1 steps; each step sends one partial sum to the right and adds the one arriving "
+         "from the left into your own copy of that entry. After the last, entry r is complete.",
+         "At step s send partial[(r - s - 1) % p] and add the arriving one into "
+         "partial[(r - s - 2) % p]: at the last step that is entry r itself.",
+         "req = dist.irecv(inbox, left); dist.send(partial[give], right); req.wait(); "
+         "partial[take] += inbox. At the end output.copy_(partial[rank])."),
+        world_sizes=(1, 2, 3, 4)),
+    Exercise(
         "ring_all_reduce", "04", "lessons/04_allreduce_algorithms.py", ("ring_all_reduce",),
         "sum x over every rank, in place, around a ring of isend/irecv: a reduce-scatter of p "
         "chunks, then an all-gather",
