@@ -61,6 +61,15 @@ IFNAME = "eth0"  # each node's interface (names are per namespace: no clash with
 NETNS_ETC = "/etc/netns"  # `ip netns exec NAME` bind-mounts /etc/netns/NAME/* over /etc/*
 _RATE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?)(bit|bps)?\s*$", re.IGNORECASE)
 
+# The links lesson 10 and the benchmark's network parts scale on: SCALING_RATE each way through
+# tbf with a token bucket of SCALING_BURST bytes. tbf's default bucket (128 KiB at 100 Mbit/s)
+# lets a message's first 128 KiB leave at memory speed after any pause: a 1 MiB ping-pong then
+# runs 8% faster than the link can carry (measured), which is no link at all. A bucket just
+# above the biggest packet TCP hands a veth (64 KiB, GSO) is the least tbf can take without
+# cutting packets (a 16-32 KB bucket cut them, and 16 nodes became CPU-bound: 61% of the link,
+# measured): 1 MiB then gains 5%, 4 MiB 1%.
+SCALING_RATE, SCALING_BURST = "100mbit", 70_000
+
 
 class ClusterError(RuntimeError):
     """The cluster could not be built, or a node failed (`.nodes` lists which)."""
@@ -78,6 +87,12 @@ def parse_rate(rate):
     scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
     bits = float(m.group(1)) * scale * (8 if (m.group(3) or "").lower() == "bps" else 1)
     return bits
+
+
+def link_goodput(rate_bits, mtu=1500):
+    """Bytes/s of TCP payload a link of rate_bits can carry: each frame of mtu + 14 bytes
+    (Ethernet header) carries mtu - 52 (IP 20, TCP 20 + 12 of timestamps): 95.6% at 1500."""
+    return rate_bits / 8 * (mtu - 52) / (mtu + 14)
 
 
 def _sh(*argv, check=True):
