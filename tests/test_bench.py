@@ -247,6 +247,17 @@ def test_save_figures_writes_into_the_checkouts_figures(fake_measurement, monkey
     assert seen == [figures.DEFAULT_FOLDER]
 
 
+def test_redraw_draws_the_committed_csvs_elsewhere(fake_measurement, monkeypatch):
+    monkeypatch.setenv("DIST_SGD_FIGURES", "")  # unset
+    seen = []
+    fake_measurement[0].draw = lambda: seen.append((figures.folder(), read_csv("p2p"))) or []
+    assert cli.main(["--redraw", "fake"]) == 0
+    (where, (rows, facts)), = seen
+    assert "dist_sgd_redrawn_" in where and where != figures.DEFAULT_FOLDER
+    monkeypatch.setenv("DIST_SGD_FIGURES", figures.DEFAULT_FOLDER)
+    assert (rows, facts) == read_csv("p2p")  # a copy of the committed one
+
+
 def test_quick_numbers_never_go_into_the_checkouts_figures(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--quick", "--save-figures", "p2p"])

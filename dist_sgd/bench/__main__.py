@@ -4,11 +4,11 @@
     python3 -m dist_sgd.bench --save-figures   # the same, into figures/ of this checkout
     python3 -m dist_sgd.bench --quick          # small sizes, into a fresh temporary folder
     python3 -m dist_sgd.bench allreduce p2p    # only these measurements
-    python3 -m dist_sgd.bench --redraw         # redraw every PNG from the folder's CSVs
+    python3 -m dist_sgd.bench --redraw         # every table and PNG from figures/'s CSVs
     sudo python3 -m dist_sgd.bench netscale nettrain netaccuracy   # emulated networks (root)
 
 Before it starts it prints what each part will take and its folder; while it runs, a line per
-part with the time left. The times are estimates for a quiet 2-core machine (ESTIMATES below),
+part with the time left. The times are estimates for a quiet 2-core machine (ESTIMATES in this file),
 printed beside what each part took at the end. Without root the parts on emulated nodes
 (network namespaces, dist_sgd.scale.cluster) are skipped with the reason: about 17 minutes in
 all at full size. As root they add about 40 more: netscale ~15, netaccuracy ~10, nettrain ~6,
@@ -16,7 +16,8 @@ and the links of cluster, compress and fsdp.
 
 The folder: $DIST_SGD_FIGURES if set; else --save-figures: figures/ of this checkout, as
 lessons do (measure on a quiet machine before committing what it writes there); else --quick:
-a fresh temporary folder (quick numbers are too rough to keep); else ~/.cache/dist_sgd/figures
+a fresh temporary folder (quick numbers are too rough to keep); else --redraw: a fresh
+temporary folder holding a copy of figures/'s CSVs; else ~/.cache/dist_sgd/figures
 ($XDG_CACHE_HOME's dist_sgd/figures). `--redraw --save-figures` redraws figures/ itself.
 
 Each measurement is a module of this package with measure(quick) -> rows (also written as
@@ -29,6 +30,7 @@ exits with code 1.
 import argparse
 import importlib
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -47,8 +49,7 @@ MEASUREMENTS = {
     "ddp": "figure 5 and more: our DDP vs torch DDP, bucket sweep, backward timeline",
     "comparison": "lesson 09 --save-figures: every way to train side by side (loss, time, memory)",
     "cluster": "lesson 11: 2 nodes on a 1 Gbit/s link (root)",
-    "compress": "lesson 12: compression hooks (bytes, step time ours vs torch's, error feedback); "
-                "BigNet on a 1 Gbit/s link (root)",
+    "compress": "lesson 12: compression hooks (bytes, step time, error feedback); on a link (root)",
     "atscale": "figure 6: the cost model at 1..1024 workers vs published results",
     "zero": "lesson 13: ZeRO-1 optimizer state per rank, bytes and time per step vs torch's",
     "beyond": "lesson 15: parameter server, async SGD, Hogwild, local SGD vs all-reduce SGD",
@@ -76,12 +77,17 @@ def estimate(name, quick, root):
     return (quick_alone if quick else alone) + ((quick_nodes if quick else nodes) if root else 0)
 
 
-def choose_folder(quick, save_figures):
+def choose_folder(quick, save_figures, redraw):
     """Where this run writes (see the module's docstring); sets $DIST_SGD_FIGURES to it, so
     every module, and lesson 09 run by the comparison, writes there."""
     if not os.environ.get("DIST_SGD_FIGURES"):
         if save_figures:
             os.environ["DIST_SGD_FIGURES"] = DEFAULT_FOLDER
+        elif redraw:  # the committed CSVs, drawn elsewhere
+            os.environ["DIST_SGD_FIGURES"] = tempfile.mkdtemp(prefix="dist_sgd_redrawn_")
+            for name in os.listdir(DEFAULT_FOLDER):
+                if name.endswith(".csv"):
+                    shutil.copy(os.path.join(DEFAULT_FOLDER, name), folder())
         elif quick:
             os.environ["DIST_SGD_FIGURES"] = tempfile.mkdtemp(prefix="dist_sgd_quick_figures_")
         else:
@@ -115,7 +121,7 @@ def minutes(m):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python3 -m dist_sgd.bench", description=__doc__.splitlines()[0],
+        prog="python3 -m dist_sgd.bench", description=__doc__.split("\n\nEach measurement")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="measurements:\n" + "\n".join(f"  {k:11s} {v}" for k, v in MEASUREMENTS.items()))
     parser.add_argument("what", nargs="*", metavar="NAME",
@@ -125,7 +131,8 @@ def main(argv=None):
     parser.add_argument("--save-figures", action="store_true",
                         help="write into figures/ of this checkout (default: ~/.cache/dist_sgd)")
     parser.add_argument("--redraw", action="store_true",
-                        help="redraw the PNGs from the CSVs already there, measure nothing")
+                        help="redraw the PNGs from the CSVs, measure nothing (default: figures/'s "
+                             "CSVs, into a temporary folder)")
     args = parser.parse_args(argv)
     unknown = [w for w in args.what if w not in MEASUREMENTS]
     if unknown:
@@ -134,7 +141,7 @@ def main(argv=None):
         parser.error("--quick numbers are too rough for figures/: leave out --save-figures")
     names = [n for n in MEASUREMENTS if n in args.what] if args.what else list(MEASUREMENTS)
 
-    out = choose_folder(args.quick and not args.redraw, args.save_figures)
+    out = choose_folder(args.quick, args.save_figures, args.redraw)
     mode = "redraw from CSVs" if args.redraw else ("quick" if args.quick else "full")
     print(f"dist_sgd.bench ({mode}): {', '.join(names)} -> {out}", flush=True)
     print(f"machine: {machine_facts()}", flush=True)
