@@ -2,7 +2,8 @@
 
     sudo python -m dist_sgd.scale.cluster --nodes 2 --rate 1gbit -- \\
         'torchrun --nnodes $NNODES --node-rank $NODE_RANK --nproc-per-node 1 \\
-                  --master-addr $MASTER_ADDR --master-port $MASTER_PORT lessons/07_ddp_from_scratch.py'
+                  --master-addr $MASTER_ADDR --master-port $MASTER_PORT \\
+                  lessons/07_ddp_from_scratch.py'
 
     with Cluster(2, rate="1gbit") as cluster:          # the same from Python
         cluster.run([sys.executable, "train.py"])      # once in every node; raises if one fails
@@ -107,16 +108,16 @@ def privilege_problem():
     """None when namespaces can be made here, else one sentence saying what is missing."""
     missing = [tool for tool in ("ip", "tc", "unshare") if shutil.which(tool) is None]
     if missing:
-        return (f"dist_sgd.scale.cluster needs iproute2's `ip` and `tc` and util-linux's `unshare`; "
-                f"missing: {', '.join(missing)}.")
+        return ("dist_sgd.scale.cluster needs iproute2's `ip` and `tc` and util-linux's "
+                f"`unshare`; missing: {', '.join(missing)}.")
     probe = f"{PREFIX}{os.getpid()}probe"
     try:
         made = _sh("ip", "netns", "add", probe, check=False)
     finally:
         _sh("ip", "netns", "del", probe, check=False)  # also when a Ctrl-C lands in between
     if made.returncode != 0:
-        return ("dist_sgd.scale.cluster needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) to create network "
-                "namespaces: run it with sudo, or in a container started with --privileged "
+        return ("dist_sgd.scale.cluster needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) to create "
+                "network namespaces: run it with sudo, or in a container started with --privileged "
                 f"(ip netns add said: {made.stderr.strip()}).")
     return None
 
@@ -513,7 +514,8 @@ def main(argv=None):
             print(problem, file=sys.stderr)
             return 2
         removed = cleanup_stale()
-        print(f"removed {len(removed)} namespace(s) left behind" + (": " + ", ".join(removed) if removed else ""))
+        print(f"removed {len(removed)} namespace(s) left behind"
+              + (": " + ", ".join(removed) if removed else ""))
         return 0
     if not cmd:
         parser.error("give the command to run after --")
@@ -527,8 +529,9 @@ def main(argv=None):
     try:
         with cluster:
             shown = cmd if isinstance(cmd, str) else shlex.join(cmd)
+            links = f"at {args.rate} ({int(rate) / 1e6:g} Mbit/s)" if rate else "unshaped"
             print(f"[cluster] {args.nodes} node(s) {', '.join(cluster.addresses)} on a bridge, "
-                  f"links {'at ' + args.rate + f' ({int(rate) / 1e6:g} Mbit/s)' if rate else 'unshaped'}; "
+                  f"links {links}; "
                   f"MASTER_ADDR={cluster.master_addr} MASTER_PORT={cluster.master_port}; "
                   f"running: {shown}", flush=True)
             codes = cluster.run(cmd, timeout=args.timeout, check=False)
