@@ -8,8 +8,8 @@
     sudo python3 -m dist_sgd.bench netscale nettrain netaccuracy   # emulated networks (root)
 
 Before it starts it prints what each part will take and its folder; while it runs, a line per
-part with the time left. The times are estimates for a quiet 2-core machine (ESTIMATES in this file),
-printed beside what each part took at the end. Without root the parts on emulated nodes
+part with the time left. The times are estimates for a quiet 2-core machine (ESTIMATES in this
+file), printed beside what each part took at the end. Without root the parts on emulated nodes
 (network namespaces, dist_sgd.scale.cluster) are skipped with the reason: about 17 minutes in
 all at full size. As root they add about 40 more: netscale ~15, netaccuracy ~10, nettrain ~6,
 and the links of cluster, compress and fsdp.

@@ -4,9 +4,9 @@
 
 Runs itself once in every node (`python -m dist_sgd.bench.cluster --node OUT`, one rank per node,
 as torchrun --nproc-per-node 1 would), node 0 leaves the samples in OUT, and the parent writes
-figures/cluster.csv and draws figures/cluster.png: ping-pong on the link (alpha, beta fitted),
-all-reduce bus bandwidth of gloo, our ring and a ring step's two exchange orders, and lesson
-07's DDP strategies on BigNet with the cost model's prediction. It prints the ratios that
+cluster.csv and draws cluster.png (in the benchmark's folder): ping-pong on the link (alpha,
+beta fitted), all-reduce bus bandwidth of gloo, our ring and a ring step's two exchange orders,
+and lesson 07's DDP strategies on BigNet with the cost model's prediction. It prints the ratios that
 matter (ring / gloo, DDP / average_gradients, model / measured). Everything compared is
 measured alternately in one run (medians).
 """
@@ -247,7 +247,7 @@ def draw():
     try:
         rows, facts = read_csv(NAME)
     except FileNotFoundError:
-        print("cluster: no figures/cluster.csv yet (measure as root first); nothing to draw")
+        print("cluster: no cluster.csv yet (measure as root first); nothing to draw")
         return []
     from dist_sgd.bench import plots  # matplotlib: only where we draw
 

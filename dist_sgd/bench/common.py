@@ -44,7 +44,7 @@ def over_world_sizes(name, worker, world_sizes, *args, finish=None):
 
 
 def measured_as_root(name):
-    """(rows, facts) of figures/<name>.csv, or None, said, when nobody has measured it as root."""
+    """(rows, facts) of <name>.csv, or None, said, when nobody has measured it as root."""
     try:
         return read_csv(name)
     except FileNotFoundError:

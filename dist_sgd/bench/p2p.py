@@ -40,7 +40,7 @@ def fit(rows):
 
 
 def load_fit():
-    """(alpha, beta, facts) from figures/p2p.csv, or None when it was not measured yet."""
+    """(alpha, beta, facts) from p2p.csv, or None when it was not measured yet."""
     try:
         rows, facts = read_csv(NAME)
     except FileNotFoundError:
