@@ -44,11 +44,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dist_sgd.bench import netaccuracy, netscale, nettrain, nodes
 from dist_sgd.comm.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 from dist_sgd.comm.p2p import ping_pong
 from dist_sgd.plumbing.check import check, max_diff
-from dist_sgd.plumbing.figures import read_csv
+from dist_sgd.plumbing.figures import (MODEL_OF, NETACCURACY_TARGET, netaccuracy_summary,
+                                       netscale_summary, nettrain_efficiency, read_csv)
 from dist_sgd.plumbing.launch import launch, lesson_parser
 from dist_sgd.plumbing.rank import log, under_torchrun
 from dist_sgd.plumbing.timing import summarize, time_alternating
@@ -70,7 +70,7 @@ def run(rank, world_size, args):
         all_reduce(got, algorithm=algorithm)
         diffs[algorithm] = max_diff(got, expected)
     repeats = 3 if args.quick else 7
-    pp = ping_pong(nodes.QUICK_PING_PONG if args.quick else nodes.PING_PONG, repeats)
+    pp = ping_pong(costmodel.shaped_link_sizes(args.quick), repeats)
     ways = {"gloo": dist.all_reduce, "ring": all_reduce,
             "tree": lambda t: all_reduce(t, algorithm="tree")}
     allreduce = {}
@@ -101,11 +101,11 @@ def show(r, where):
     p = r["p"]
     for algorithm, diff in r["diffs"].items():
         log(check(f"all_reduce ({algorithm}) vs torch.distributed.all_reduce", diff, 1e-5))
-    alpha, beta = nodes.fit_alpha_beta(r["pp"])
+    alpha, beta = costmodel.fit_shaped_link(r["pp"])
     log(f"\n--- {where}, {p} ranks: ping-pong fit alpha = {alpha * 1e6:.0f} us, 1/beta = "
         f"{8 / beta / 1e6:.0f} Mbit/s ---")
     for n, t in r["allreduce"].items():
-        model = {a: costmodel.predict_all_reduce(netscale.MODEL_OF.get(a, a), n, p, alpha, beta)
+        model = {a: costmodel.predict_all_reduce(MODEL_OF.get(a, a), n, p, alpha, beta)
                  for a in t}  # gloo's all-reduce is a ring
         log(f"  all-reduce {costmodel.human_bytes(n):>7s}: " + ", ".join(
             f"{a} {s * 1e3:6.2f} ms (model {model[a] * 1e3:6.2f})" for a, s in t.items()))
@@ -121,18 +121,18 @@ def on_the_network(args):
     flags = ["--world-size", str(args.world_size)] + (["--quick"] if args.quick else [])
     cmd = ["env", "RANK=$NODE_RANK", "WORLD_SIZE=$NNODES", "OMP_NUM_THREADS=1", "python3",
            "lessons/10_scaling.py", *flags]
-    log(f"\n$ sudo python3 -m dist_sgd.scale.cluster --nodes {args.world_size} --rate "
-        f"{nodes.RATE} --burst {nodes.BURST} -- '{' '.join(cmd)}'")
-    with cluster.Cluster(args.world_size, rate=nodes.RATE, burst=nodes.BURST) as c:
+    rate, burst = cluster.SCALING_RATE, cluster.SCALING_BURST
+    log(f"\n$ sudo python3 -m dist_sgd.scale.cluster --nodes {args.world_size} --rate {rate} "
+        f"--burst {burst} -- '{' '.join(cmd)}'")
+    with cluster.Cluster(args.world_size, rate=rate, burst=burst) as c:
         c.run_ranks([__file__, *flags], timeout=600)
 
 
 def recorded():
     """The curves the benchmark measured on 2-16 emulated nodes (figures/net*.csv)."""
-    (scale, facts), (train, _), (acc, _) = [read_csv(m.NAME) for m in (netscale, nettrain,
-                                                                       netaccuracy)]
-    log(f"\n--- figures/netscale.png: all-reduce on 2-16 nodes ---\n  measured on {facts}")
-    s = netscale.summary(scale)
+    scale, train, acc = map(read_csv, ("netscale", "nettrain", "netaccuracy"))  # (rows, facts)
+    log(f"\n--- figures/netscale.png: all-reduce on 2-16 nodes ---\n  measured on {scale[1]}")
+    s = netscale_summary(scale[0])
     for a, (e, (_, p, n)) in s["error"].items():
         log(f"  {a:16s} model vs measured at >= 1 MiB: worst {e:.0%} ({p} nodes, "
             f"{costmodel.human_bytes(n)})")
@@ -140,16 +140,16 @@ def recorded():
     sizes = [", ".join(map(costmodel.human_bytes, ns)) for ns in s["crossover"][most]]
     log(f"  {most} nodes: the tree beats the ring at {sizes[0]} (model: {sizes[1]})")
     log("--- figures/nettrain.png: weak scaling of BigNet, efficiency vs one node alone ---")
-    eff = nettrain.efficiency(train)
+    eff = nettrain_efficiency(train[0])
     ps = sorted({p for _, p in eff})
     log(f"  {'':24s}" + "".join(f"{f'{p} nodes':>10s}" for p in ps))
     log(f"  {'compute alone (CPU share)':24s}" + "".join(f"{eff['our DDP', p][1]:10.0%}"
                                                         for p in ps))
-    for name in nettrain.STRATEGIES:
+    for name in dict.fromkeys(name for name, _ in eff):
         log(f"  {name:24s}" + "".join(f"{eff[name, p][0]:10.0%}" for p in ps))
-    log(f"--- figures/netaccuracy.png: to {netaccuracy.TARGET:.0%} test accuracy, "
-        f"{netaccuracy.NODES} nodes at {netaccuracy.RATE}/s ---")
-    for method, r in netaccuracy.summary(acc).items():
+    log(f"--- figures/netaccuracy.png: to {NETACCURACY_TARGET:.0%} test accuracy on slow nodes "
+        f"---\n  measured on {acc[1]}")
+    for method, r in netaccuracy_summary(acc[0]).items():
         reach = (f"{r['seconds']:5.0f} s, {r['bytes'] / 1e6:6.1f} MB per node"
                  if r["seconds"] is not None else "not reached")
         log(f"  {method:18s} {reach}; final accuracy {r['final']:.1%}")
@@ -174,7 +174,8 @@ def main():
     if results is None:
         return
     if "NNODES" in os.environ:  # dist_sgd.scale.cluster started this in one of its nodes
-        return show(results[0], f"{os.environ['NNODES']} emulated nodes, {nodes.RATE}/s links")
+        return show(results[0], f"{os.environ['NNODES']} emulated nodes, "
+                                f"{cluster.SCALING_RATE}/s links")
     show(results[0], "this machine's loopback")
     why = "under torchrun" if under_torchrun() else cluster.privilege_problem()
     if why is None:

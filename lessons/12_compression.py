@@ -60,11 +60,10 @@ import torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook as torch_powers
 import torch.nn.functional as F
 from torch.utils.data import Subset
 
-from dist_sgd.bench import compress as bench
 from dist_sgd.ddp import compress
 from dist_sgd.ddp.ddp import DistributedDataParallel
 from dist_sgd.plumbing.check import check, max_diff
-from dist_sgd.plumbing.figures import read_csv
+from dist_sgd.plumbing.figures import COMPRESS_LINK, compress_link, compress_link_lines, read_csv
 from dist_sgd.plumbing.launch import launch, lesson_parser
 from dist_sgd.plumbing.rank import log
 from dist_sgd.scale.costmodel import human_bytes, link
@@ -182,14 +181,13 @@ def report(r):
     log(check("fp16_compress_hook (ours vs torch's, bit for bit)", r["checks"]["fp16"], 0))
     log(check("powerSGD_hook rank 2, 5 steps (ours vs torch's)", r["checks"]["powerSGD"], 1e-6))
 
-    log(f"\n--- 6. the {bench.LINK}, as committed in figures/compress.csv ---")
+    log(f"\n--- 6. the {COMPRESS_LINK}, as committed in figures/compress.csv ---")
     try:
-        rows = read_csv(bench.NAME)[0]
+        link_rows = compress_link(read_csv("compress")[0])
     except OSError:  # a checkout without the figures
-        rows = []
-    link_rows = {row["impl"]: row for row in rows if row.get("network") == bench.LINK}
+        link_rows = {}
     if link_rows:
-        bench.report_link(link_rows, out=log)
+        log("\n".join(compress_link_lines(link_rows)))
     log("  measure it (root: network namespaces): sudo python3 -m dist_sgd.bench compress")
 
 

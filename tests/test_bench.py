@@ -1,9 +1,13 @@
 """The benchmark harness: --redraw draws every figure from tiny CSVs, the reports compute the
 ratios and fits from them, one failing measurement does not stop the others, a measurement
-that cannot run is skipped, and --quick leaves figures/ alone. No process group: fast."""
+that cannot run is skipped, it writes into figures/ only when told --save-figures and says
+beforehand what each part will take; and nothing but the benchmark's own tests imports it.
+No process group: fast."""
+import ast
 import contextlib
 import io
 import os
+import pathlib
 import shutil
 import sys
 import types
@@ -12,6 +16,7 @@ import pytest
 
 from dist_sgd.scale import costmodel
 from dist_sgd.plumbing import figures
+from dist_sgd.plumbing.figures import figure_path, read_csv, write_csv
 from dist_sgd.bench import __main__ as cli
 from dist_sgd.bench import atscale, common
 
@@ -26,7 +31,7 @@ def t_model(algorithm, n, p):
 
 def write_tiny_csvs():
     """A tiny CSV for every figure, numbers chosen so the reports' results are known."""
-    common.write_csv("p2p", [{"bytes": n, "seconds": ALPHA + BETA * n, "min": ALPHA, "max": 2 * ALPHA + BETA * n,
+    write_csv("p2p", [{"bytes": n, "seconds": ALPHA + BETA * n, "min": ALPHA, "max": 2 * ALPHA + BETA * n,
                               "bandwidth_bytes_per_s": n / (ALPHA + BETA * n), "repeats": 3} for n in SIZES])
     rows = []
     for p, ours in ((2, ("naive", "tree", "ring", "ring_pipelined", "halving_doubling")),
@@ -37,14 +42,14 @@ def write_tiny_csvs():
                 rows.append({"world_size": p, "algorithm": a, "bytes": n, "seconds": t, "min": 0.9 * t,
                              "max": 1.1 * t, "n": 3, "bus_bandwidth": float(costmodel.bus_bandwidth(n, p, t)),
                              "gamma": GAMMA, "check_max_diff": 0.0})
-    common.write_csv("allreduce", rows)
-    common.write_csv("scaling", [
+    write_csv("allreduce", rows)
+    write_csv("scaling", [
         {"model": m, "mode": mode, "strategy": s, "world_size": p, "rank_batch": 8, "global_batch": 8 * p,
          "seconds": 0.01 * (1 + 0.2 * p), "min": 0.009, "max": 0.02, "n": 3, "samples_per_s": 8 * p / (0.01 * (1 + 0.2 * p)),
          "gradient_bytes": 4000, "cores": 2, "efficiency": 1 / (1 + 0.2 * p)}
         for m in ("net", "bignet") for mode in ("strong", "weak") for p in (1, 2, 3)
         for s in STRATEGIES + (("single process",) if p == 1 else ())])
-    common.write_csv("breakdown", [
+    write_csv("breakdown", [
         {"model": m, "world_size": p, "strategy": s, "rank_batch": 8, "step": 0.03, "step_min": 0.02,
          "step_max": 0.04, "compute": 0.015, "waiting": 0.005, "communication": 0.01,
          "sync_call": 0.012, "compute_alone_slowest": 0.02}
@@ -52,28 +57,28 @@ def write_tiny_csvs():
     speed = {"single process": 20, "average_gradients": 40, "average_gradients, flat": 33,
              "per-parameter hooks": 35, "our DDP, 25 MiB": 33, "our DDP, 1 MiB": 31,
              "torch DDP, 25 MiB": 30, "torch DDP, 1 MiB": 31, "torch DDP, its defaults": 31}
-    common.write_csv("ddp_speed", [{"world_size": 2, "strategy": k, "median_ms": v, "min_ms": v - 1,
+    write_csv("ddp_speed", [{"world_size": 2, "strategy": k, "median_ms": v, "min_ms": v - 1,
                                     "max_ms": v + 1, "n": 3} for k, v in speed.items()])
-    common.write_csv("bucket_sweep", [{"world_size": 2, "who": who, "bucket_cap_mb": cap, "our_buckets": b,
+    write_csv("bucket_sweep", [{"world_size": 2, "who": who, "bucket_cap_mb": cap, "our_buckets": b,
                                        "median_ms": 30, "min_ms": 29, "max_ms": 31, "n": 3}
                                       for cap, b in (("0", 8), ("one bucket", 1)) for who in ("our DDP", "torch DDP")])
-    common.write_csv("ddp_timeline", [
+    write_csv("ddp_timeline", [
         {"world_size": 2, "strategy": s, "what": what, "label": "x", "start_ms": 1.0, "end_ms": 2.0}
         for s in ("average_gradients, flat", "per-parameter hooks", "our DDP")
         for what in ("gradient ready", "all-reduce", "gradients synchronized")])
     ways = ("single process",) + STRATEGIES + ("our DataParallel",)
-    common.write_csv("comparison", [
+    write_csv("comparison", [
         {"strategy": s, "processes": 2, "max_grad_diff": 1e-8, "max_weight_diff_early": 1e-8,
          "max_weight_diff": 1e-3, "vs_torch_ddp": 0.0, "steps": 3, "final_loss": 1.0, "accuracy": 0.5,
          "step_ms": 10.0, "peak_mib": 500.0, "memory": "cumulative"} for s in ways])
-    common.write_csv("comparison_loss", [{"strategy": s, "step": i, "loss": 2.0 - i / 10}
+    write_csv("comparison_loss", [{"strategy": s, "step": i, "loss": 2.0 - i / 10}
                                          for s in ways for i in range(3)])
-    common.write_csv("atscale", atscale.all_predictions(0.04, 4.8e6))  # reads the p2p fit above
+    write_csv("atscale", atscale.all_predictions(0.04, 4.8e6))  # reads the p2p fit above
     # Part two's measurements: their committed CSVs (the numbers the README quotes) are redrawn.
     committed = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "figures")
     for name in os.listdir(committed):
         if name.startswith(("compress", "zero", "beyond")) and name.endswith(".csv"):
-            shutil.copy(os.path.join(committed, name), common.figure_path(name))
+            shutil.copy(os.path.join(committed, name), figure_path(name))
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +159,7 @@ def test_ddp_report_gives_ours_over_torch(redrawn):
 
 
 def test_atscale_predictions_follow_the_cost_model(figures_here):
-    rows, facts = common.read_csv("atscale")
+    rows, facts = read_csv("atscale")
     assert "cores" in facts and "torch" in facts
     loop = [r for r in rows if r["network"].startswith("this machine")]
     assert loop and loop[0]["alpha"] == pytest.approx(ALPHA, rel=1e-6)  # figure 2's fit
@@ -167,7 +172,7 @@ def test_atscale_predictions_follow_the_cost_model(figures_here):
 
 def test_a_failing_measurement_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DIST_SGD_FIGURES", str(tmp_path))
-    common.write_csv("p2p", [  # p2p only: breakdown.csv is missing
+    write_csv("p2p", [  # p2p only: breakdown.csv is missing
         {"bytes": n, "seconds": ALPHA + BETA * n, "min": ALPHA, "max": 2 * ALPHA + BETA * n,
          "bandwidth_bytes_per_s": 1.0, "repeats": 3} for n in SIZES])
     assert cli.main(["--redraw", "breakdown", "p2p"]) == 1
@@ -186,6 +191,7 @@ def fake_measurement(monkeypatch):
     module.draw = lambda: calls.append(("draw",)) or []
     monkeypatch.setitem(sys.modules, "dist_sgd.bench.fake", module)
     monkeypatch.setitem(cli.MEASUREMENTS, "fake", "a test measurement")
+    monkeypatch.setitem(cli.ESTIMATES, "fake", ((2, 0.5), (3, 1)))  # 3 more min as root
     return module, calls
 
 
@@ -220,3 +226,102 @@ def test_quick_leaves_figures_alone(fake_measurement, monkeypatch, capsys):
     assert fake_measurement[1][0] == ("measure", True)
     assert seen and "dist_sgd_quick_figures_" in seen[0]
     assert os.path.normpath(seen[0]) != os.path.normpath(figures.DEFAULT_FOLDER)
+
+
+def test_a_full_run_writes_outside_the_checkout_and_says_where(fake_measurement, tmp_path,
+                                                                monkeypatch, capsys):
+    monkeypatch.setenv("DIST_SGD_FIGURES", "")  # unset
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    seen = []
+    fake_measurement[0].draw = lambda: seen.append(figures.folder()) or []
+    assert cli.main(["fake"]) == 0
+    assert seen == [str(tmp_path / "dist_sgd" / "figures")]
+    assert f"-> {seen[0]}" in capsys.readouterr().out
+
+
+def test_save_figures_writes_into_the_checkouts_figures(fake_measurement, monkeypatch):
+    monkeypatch.setenv("DIST_SGD_FIGURES", "")  # unset
+    seen = []
+    fake_measurement[0].draw = lambda: seen.append(figures.folder()) or []  # writes nothing
+    assert cli.main(["--save-figures", "fake"]) == 0
+    assert seen == [figures.DEFAULT_FOLDER]
+
+
+def test_redraw_draws_the_committed_csvs_elsewhere(fake_measurement, monkeypatch):
+    monkeypatch.setenv("DIST_SGD_FIGURES", "")  # unset
+    seen = []
+    fake_measurement[0].draw = lambda: seen.append((figures.folder(), read_csv("p2p"))) or []
+    assert cli.main(["--redraw", "fake"]) == 0
+    (where, (rows, facts)), = seen
+    assert "dist_sgd_redrawn_" in where and where != figures.DEFAULT_FOLDER
+    monkeypatch.setenv("DIST_SGD_FIGURES", figures.DEFAULT_FOLDER)
+    assert (rows, facts) == read_csv("p2p")  # a copy of the committed one
+
+
+def test_quick_numbers_never_go_into_the_checkouts_figures(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--quick", "--save-figures", "p2p"])
+    assert "too rough for figures/" in capsys.readouterr().err
+
+
+def test_the_plan_and_the_time_left_are_printed_before_each_part(fake_measurement, tmp_path,
+                                                                 monkeypatch, capsys):
+    monkeypatch.setenv("DIST_SGD_FIGURES", str(tmp_path))
+    for root in (None, "no root (test)"):
+        monkeypatch.setattr(cli, "privilege_problem", lambda: root)
+        assert cli.main(["fake"]) == 0
+        out = capsys.readouterr().out
+        if root is None:  # its emulated nodes' 3 minutes counted
+            assert "about 5 min in all" in out and "  fake        about 5 min, emulated" in out
+        else:
+            assert "about 2 min in all" in out and "about 2 min; its emulated nodes skipped" in out
+            assert "(emulated nodes: no root (test))" in out
+        assert "[1/1] fake: a test measurement (about" in out and "left" in out, out
+        assert "took: fake 0 s" in out, out
+
+
+def test_every_measurement_has_an_estimate():
+    assert list(cli.ESTIMATES) == list(cli.MEASUREMENTS)
+
+
+# ---- the lessons and the library stand without the benchmark ---------------------------------
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def bench_imports(path):
+    """The lines of `path` that import dist_sgd.bench (or a module of it), by any spelling."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            called = ast.unparse(node.func)
+            if called in ("importlib.import_module", "import_module", "__import__"):
+                names = [str(node.args[0].value)]
+        if any(n == "dist_sgd.bench" or n.startswith("dist_sgd.bench.") for n in names):
+            found.append(node.lineno)
+    return found
+
+
+def test_no_lesson_or_library_module_imports_the_benchmark():
+    files = sorted(ROOT.glob("lessons/*.py")) + sorted(
+        p for p in ROOT.glob("dist_sgd/**/*.py") if "bench" not in p.relative_to(ROOT).parts)
+    assert len(files) > 40
+    offenders = {str(p.relative_to(ROOT)): lines for p in files if (lines := bench_imports(p))}
+    assert offenders == {}, f"these import dist_sgd.bench (lines): {offenders}"
+
+
+@pytest.mark.parametrize("source, found", [
+    ("from dist_sgd.bench import nodes", [1]), ("import dist_sgd.bench.nodes as n", [1]),
+    ("from dist_sgd import bench", [1]), ("x = 1\nimportlib.import_module('dist_sgd.bench.p2p')", [2]),
+    ("from dist_sgd.plumbing.figures import read_csv  # the benchmark's CSVs", []),
+    ("from dist_sgd.benchmarks import x", []),
+])
+def test_the_import_walk_finds_every_spelling(tmp_path, source, found):
+    path = tmp_path / "lesson.py"
+    path.write_text(source)
+    assert bench_imports(path) == found

@@ -18,7 +18,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from dist_sgd.scale import costmodel
-from dist_sgd.scale.costmodel import fit_alpha_beta, fit_all_reduce, predict_all_reduce
+from dist_sgd.scale.costmodel import (fit_alpha_beta, fit_all_reduce, fit_shaped_link,
+                                      predict_all_reduce, shaped_link_sizes)
 from dist_sgd.plumbing.launch import launch
 
 SIZES = [2 ** k for k in range(10, 27, 2)]  # 1 KiB .. 64 MiB
@@ -163,6 +164,30 @@ def test_fit_never_returns_negative_latency():
     assert a == 0.0 and b == pytest.approx(1e-9, rel=0.1)
 
 
+def test_shaped_link_fit_ignores_the_sizes_the_token_bucket_speeds_up():
+    alpha, beta, KiB, MiB = 300e-6, 8 / 96e6, 2 ** 10, 2 ** 20  # 300 us, 96 Mbit/s
+    for quick in (False, True):
+        rows = [{"bytes": n, "seconds": alpha + beta * n} for n in shaped_link_sizes(quick)]
+        # 64 KiB and 1 MiB as tbf shows them after a pause: far faster than the line
+        rows += [{"bytes": 64 * KiB, "seconds": (alpha + beta * 64 * KiB) / 3},
+                 {"bytes": MiB, "seconds": (alpha + beta * MiB) / 1.07}]
+        a, b = fit_shaped_link(rows)
+        assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(beta, rel=1e-6)
+        assert fit_alpha_beta([r["bytes"] for r in rows], [r["seconds"] for r in rows]) != \
+            pytest.approx((alpha, beta), rel=1e-3)  # one line through every size is tilted
+
+
+def test_shaped_link_fit_keeps_alpha_from_the_small_messages_alone():
+    beta, MiB = 8 / 96e6, 2 ** 20
+    # big messages shifted by the bucket's head start: the slope survives, the intercept not
+    rows = [{"bytes": n, "seconds": beta * n - 5.8e-3} for n in (4 * MiB, 16 * MiB)]
+    rows += [{"bytes": n, "seconds": 200e-6 + beta * n + d}
+             for n, d in ((64, 0.0), (1024, 50e-6), (64, -20e-6))]
+    a, b = fit_shaped_link(rows)
+    assert b == pytest.approx(beta, rel=1e-9)
+    assert a == pytest.approx(200e-6, rel=1e-6)  # the median of 200, 250 and 180 us
+
+
 def test_fit_all_reduce_recovers_one_network_from_every_algorithm():
     alpha, beta, gamma = 20e-6, 1 / 3e9, 1 / 10e9
     rows = [(a, n, p) for a in ("naive", "tree", "ring", "halving_doubling")
@@ -262,6 +287,10 @@ def test_human_bytes():
     (lambda: fit_alpha_beta([8, 16], [1.0, 0.0]), "times must be"),
     (lambda: fit_alpha_beta([8, -16], [1.0, 2.0]), "sizes must be"),
     (lambda: fit_all_reduce(["ring", "ring"], [8, 16], [1, 1], [1.0, 2.0]), "world size 1"),
+    (lambda: fit_shaped_link([{"bytes": 64, "seconds": 1e-4},
+                              {"bytes": 4 * 2 ** 20, "seconds": 0.4}]), "two sizes >= 2 MiB"),
+    (lambda: fit_shaped_link([{"bytes": n, "seconds": 1.0 - n / 2 ** 30}
+                              for n in (64, 4 * 2 ** 20, 16 * 2 ** 20)]), "not a link"),
 ])
 def test_bad_input_gives_clear_errors(call, message):
     with pytest.raises(ValueError, match=message):

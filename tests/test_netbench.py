@@ -1,17 +1,23 @@
-"""The network benchmarks (bench/netscale, nettrain, netaccuracy, nodes): what they compute
-from known data, their figures, and (as root) one run inside emulated nodes.
+"""The network benchmarks (bench/netscale, nettrain, netaccuracy, nodes) and the summaries of
+their CSVs that lesson 10 quotes (dist_sgd.plumbing.figures): what they compute from known
+data, their figures, and (as root) one run inside emulated nodes.
 
 Reports and figures are checked from rows made with known numbers (no root, no timing); the
-node part of netscale runs over loopback at world size 3 (every algorithm against the
-single-machine sum); the cluster-backed test skips without root, as tests/test_cluster.py.
+node parts of netscale (world size 3: every algorithm against the single-machine sum) and of
+netaccuracy (on the data a machine without any falls back to) run over loopback; the
+cluster-backed test skips without root, as tests/test_cluster.py.
 """
 import os
 
 import pytest
 
 from dist_sgd.bench import netaccuracy, netscale, nettrain, nodes
+from dist_sgd.plumbing.figures import (MODEL_OF, NETACCURACY_TARGET, netaccuracy_summary,
+                                       netscale_summary, netscale_with_model, nettrain_efficiency,
+                                       read_csv, write_csv)
 from dist_sgd.plumbing.launch import launch
 from dist_sgd.scale import cluster, costmodel
+from dist_sgd.sgd import data
 
 KiB, MiB = 2 ** 10, 2 ** 20
 ALPHA, BETA = 300e-6, 8 / 96e6  # 300 us, 96 Mbit/s
@@ -24,19 +30,10 @@ def figures(tmp_path, monkeypatch):
     return tmp_path
 
 
-# ---- nodes: the fit ignores what tbf's bucket distorts --------------------------------------
-
-def test_the_fit_ignores_the_sizes_the_token_bucket_speeds_up():
-    rows = [{"bytes": n, "seconds": ALPHA + BETA * n} for n in nodes.PING_PONG]
-    # 64 KiB and 1 MiB as tbf shows them after a pause: far faster than the line
-    rows += [{"bytes": 64 * KiB, "seconds": (ALPHA + BETA * 64 * KiB) / 3},
-             {"bytes": MiB, "seconds": (ALPHA + BETA * MiB) / 1.07}]
-    alpha, beta = nodes.fit_alpha_beta(rows)
-    assert alpha == pytest.approx(ALPHA, rel=1e-6) and beta == pytest.approx(BETA, rel=1e-6)
-
+# ---- the links (their fit: tests/test_costmodel.py) ---------------------------------------
 
 def test_tcp_goodput_of_a_link():
-    assert nodes.link_goodput(100e6) == pytest.approx(12.5e6 * 1448 / 1514)
+    assert cluster.link_goodput(100e6) == pytest.approx(12.5e6 * 1448 / 1514)
 
 
 # ---- netscale ---------------------------------------------------------------------------
@@ -45,41 +42,38 @@ def _netscale_rows(factor):
     """Ping-pong on the line; every all-reduce = the model x factor[algorithm]."""
     rows = [{"part": "ping-pong", "nodes": 2, "algorithm": "one way", "bytes": n,
              "seconds": ALPHA + BETA * n, "min": 0, "max": 0, "max_diff": ""}
-            for n in nodes.PING_PONG]
+            for n in costmodel.shaped_link_sizes()]
     for p in (2, 4, 8, 16):
         for n in (4 * KiB, 64 * KiB, MiB, 4 * MiB):
             for a in netscale.ALGORITHMS:
                 if not netscale.timed(a, n, p):
                     continue
-                t = costmodel.predict_all_reduce(netscale.MODEL_OF.get(a, a), n, p, ALPHA, BETA)
+                t = costmodel.predict_all_reduce(MODEL_OF.get(a, a), n, p, ALPHA, BETA)
                 # the given factor at 16 nodes, half as far from 1 elsewhere: one worst point
                 f = factor[a] if p == 16 else 1 + (factor[a] - 1) / 2
                 t *= f if n >= MiB else 1.0
                 rows.append({"part": "all-reduce", "nodes": p, "algorithm": a, "bytes": n,
                              "seconds": t, "min": 0.9 * t, "max": 1.1 * t, "max_diff": 1e-7})
-    rows = netscale.with_model(rows)
-    rows.append({"part": "left behind", "nodes": "", "algorithm": "nothing", "bytes": "",
-                 "seconds": "", "min": "", "max": "", "max_diff": "", "model": ""})
-    return rows
+    return netscale_with_model(rows)
 
 
 FACTORS = {"gloo": 1.0, "ring": 1.04, "halving_doubling": 1.08, "tree": 1.15, "naive": 0.9}
 
 
 def test_netscale_model_errors_bus_bandwidth_and_ratio_from_known_rows():
-    s = netscale.summary(_netscale_rows(FACTORS))
+    s = netscale_summary(_netscale_rows(FACTORS))
     for a, f in FACTORS.items():  # |model / measured - 1|, the worst over every >= 1 MiB point
         assert s["error"][a][0] == pytest.approx(abs(1 / f - 1), rel=1e-6), a
         assert f == 1.0 or s["error"][a][1][1] == 16, s["error"][a]  # where: at 16 nodes
     assert s["ring/gloo"] == pytest.approx(1.04)
     # gloo on the model's ring: the lowest bus bandwidth is at 16 nodes and 1 MiB (most alphas)
     t = costmodel.predict_all_reduce("ring", MiB, 16, ALPHA, BETA)
-    bus = costmodel.bus_bandwidth(MiB, 16, t) / nodes.link_rate()
+    bus = costmodel.bus_bandwidth(MiB, 16, t) / (cluster.parse_rate(cluster.SCALING_RATE) / 8)
     assert s["bus"]["gloo"] == pytest.approx(bus)
 
 
 def test_netscale_finds_the_tree_ring_crossover_in_the_measurements():
-    s = netscale.summary(_netscale_rows(FACTORS))
+    s = netscale_summary(_netscale_rows(FACTORS))
     for p in (2, 4, 8, 16):
         measured, model = s["crossover"][p]
         assert measured == model  # the measurements are the model here (below 1 MiB)
@@ -90,16 +84,13 @@ def test_netscale_finds_the_tree_ring_crossover_in_the_measurements():
 
 
 def test_netscale_report_and_figure(figures, capsys):
-    from dist_sgd.bench import common
-
-    common.write_csv(netscale.NAME, _netscale_rows(FACTORS), "2 cores (test), no GPU")
-    rows, _ = common.read_csv(netscale.NAME)
+    write_csv(netscale.NAME, _netscale_rows(FACTORS), "2 cores (test), no GPU")
+    rows, _ = read_csv(netscale.NAME)
     netscale.report(rows)
     out = capsys.readouterr().out
     assert f"alpha = {ALPHA * 1e6:.0f} us, 1/beta = 96.0 Mbit/s" in out, out
     assert "our ring / gloo: at most 1.040x" in out, out
     assert "halving_doubling: worst  7.4%" in out, out
-    assert "left behind after the runs: nothing" in out
     (png,) = netscale.draw()
     assert os.path.getsize(png) > 20_000
 
@@ -126,7 +117,7 @@ def test_netscale_node_part_checks_and_times_every_algorithm():
 def _nettrain_rows():
     rows = [{"part": "ping-pong", "nodes": 2, "name": "one way", "bytes": n,
              "seconds": ALPHA + BETA * n, "min": 0, "max": 0, "batch": "", "detail": ""}
-            for n in nodes.PING_PONG]
+            for n in costmodel.shaped_link_sizes()]
     grads, buckets = [4000, 400_000, 4_400_000, 5120], [1_100_000, 3_709_120]
     psgd = [360, 80_000, 70_000]
     for p in (1, 2, 4, 8):
@@ -165,7 +156,8 @@ def test_nettrain_model_from_the_parts_measured_alone():
 
 
 def test_nettrain_efficiency_separates_the_cpu_from_the_link():
-    eff = nettrain.efficiency(_nettrain_rows())
+    eff = nettrain_efficiency(_nettrain_rows())
+    assert list(dict.fromkeys(name for name, _ in eff)) == list(nettrain.STRATEGIES)
     one = 0.040 * 1.25
     for p in (1, 2, 4, 8):
         e, cpu = eff["our DDP", p]
@@ -173,19 +165,13 @@ def test_nettrain_efficiency_separates_the_cpu_from_the_link():
 
 
 def test_nettrain_report_and_figure(figures, capsys):
-    from dist_sgd.bench import common
-
-    rows = nettrain.with_model(_nettrain_rows())
-    rows.append({"part": "left behind", "nodes": "", "name": "nothing", "bytes": "", "seconds": "",
-                 "min": "", "max": "", "batch": "", "detail": "", "model": ""})
-    common.write_csv(nettrain.NAME, rows, "2 cores (test), no GPU")
-    rows, _ = common.read_csv(nettrain.NAME)
+    write_csv(nettrain.NAME, nettrain.with_model(_nettrain_rows()), "2 cores (test), no GPU")
+    rows, _ = read_csv(nettrain.NAME)
     nettrain.report(rows)
     out = capsys.readouterr().out
     t = {(r["name"], r["nodes"]): r for r in rows if r["part"] == "step"}
     worst = max(abs(r["model"] / r["seconds"] - 1) for r in t.values())
     assert f"worst {worst:.1%}" in out, out
-    assert "left behind after the runs: nothing" in out
     (png,) = nettrain.draw()
     assert os.path.getsize(png) > 20_000
 
@@ -204,8 +190,8 @@ def _curves():
 
 
 def test_netaccuracy_time_and_bytes_to_the_target_are_the_first_crossing():
-    s = netaccuracy.summary(netaccuracy.rows_of(_curves()))
-    assert netaccuracy.TARGET == 0.80
+    s = netaccuracy_summary(netaccuracy.rows_of(_curves()))
+    assert NETACCURACY_TARGET == 0.80
     assert s["synchronous DDP"]["step"] == 216
     assert s["synchronous DDP"]["seconds"] == pytest.approx(216 * 0.12)
     assert s["PowerSGD"]["bytes"] == pytest.approx(216 * 10e3)
@@ -214,13 +200,8 @@ def test_netaccuracy_time_and_bytes_to_the_target_are_the_first_crossing():
 
 
 def test_netaccuracy_report_and_figure(figures, capsys):
-    from dist_sgd.bench import common
-
-    rows = netaccuracy.rows_of(_curves())
-    rows.append({"part": "left behind", "method": "nothing", "step": "", "seconds": "", "bytes": "",
-                 "accuracy": "", "loss": ""})
-    common.write_csv(netaccuracy.NAME, rows, "2 cores (test), no GPU")
-    rows, _ = common.read_csv(netaccuracy.NAME)
+    write_csv(netaccuracy.NAME, netaccuracy.rows_of(_curves()), "2 cores (test), Fashion-MNIST")
+    rows, _ = read_csv(netaccuracy.NAME)
     netaccuracy.report(rows)
     out = capsys.readouterr().out
     assert "local SGD (H = 8)      2.9 s,    1.73 MB per node (step 144)" in out, out
@@ -229,17 +210,48 @@ def test_netaccuracy_report_and_figure(figures, capsys):
     assert os.path.getsize(png) > 20_000
 
 
+@pytest.fixture
+def no_data(monkeypatch):
+    """A machine with no dataset: MNIST cannot be fetched, no Fashion-MNIST files, nothing
+    chosen by DIST_SGD_DATASET (conftest's "synthetic" unset)."""
+    def absent(*args, **kwargs):
+        raise data.DatasetNotFound("not on this machine (test)")
+    monkeypatch.delenv("DIST_SGD_DATASET", raising=False)
+    monkeypatch.setattr(data, "mnist", absent)
+    monkeypatch.setattr(data, "fashion_mnist", absent)
+
+
+def test_netaccuracy_without_data_trains_on_the_lessons_fallback_and_says_so(no_data, capsys):
+    assert netaccuracy.dataset() == "synthetic"
+    out = capsys.readouterr().out
+    assert "netaccuracy: Fashion-MNIST not available: not on this machine" in out, out
+    assert "dataset: synthetic" in out, out  # get_dataset("auto") says which, and why
+
+
+def _accuracy_on_the_fallback(rank, world_size):
+    return netaccuracy._node_work(rank, world_size, True, "synthetic")
+
+
+def test_netaccuracy_node_part_trains_every_method_on_the_fallback():
+    curves = launch(_accuracy_on_the_fallback, 2, backend="gloo")[0]
+    assert list(curves) == list(netaccuracy.METHODS)
+    steps = netaccuracy.settings(True)["steps"]
+    for method, curve in curves.items():
+        assert curve[-1]["step"] == steps and 0.0 <= curve[-1]["accuracy"] <= 1.0, method
+        assert [r["bytes"] for r in curve] == sorted(r["bytes"] for r in curve), method
+
+
 # ---- inside emulated nodes (root) -------------------------------------------------------
 
 @pytest.mark.skipif(PROBLEM is not None, reason=f"no cluster here: {PROBLEM}")
-def test_netscale_runs_inside_two_nodes_and_leaves_nothing_behind():
-    out, left = nodes.on_nodes("dist_sgd.bench.netscale", 2, quick=True)
-    assert left == "nothing"
+def test_netscale_runs_inside_two_nodes_and_leaves_nothing_behind(capsys):
+    out = nodes.on_nodes("dist_sgd.bench.netscale", 2, quick=True)
+    assert "left behind by the 2-node cluster: nothing" in capsys.readouterr().out
     assert out["nodes"] == 2 and all(d <= 1e-5 for d in out["diffs"].values()), out["diffs"]
-    rows = netscale.with_model(netscale._rows(out))
+    rows = netscale_with_model(netscale._rows(out))
     assert all(r["model"] > 0 for r in rows)
     # 1 MiB over a 100 Mbit/s link: no faster than the link (TCP's ceiling + the bucket's 70 KB)
     big = [r for r in rows if r["part"] == "all-reduce" and r["bytes"] == MiB]
-    fastest = (MiB - nodes.BURST) / nodes.link_goodput(100e6)
+    fastest = (MiB - cluster.SCALING_BURST) / cluster.link_goodput(100e6)
     assert all(r["seconds"] > 0.9 * fastest for r in big), big
     assert not [n for n in cluster.ours() if str(os.getpid()) in n]

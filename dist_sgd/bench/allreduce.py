@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from dist_sgd.bench import common
+from dist_sgd.plumbing.figures import read_csv
 from dist_sgd.plumbing.timing import summarize, time_alternating
 from dist_sgd.scale import costmodel
 
@@ -110,9 +111,9 @@ def fits(rows):
         fit = {"gamma": next(r["gamma"] for r in rows if r["world_size"] == p)}
 
         def one(pts):
-            return costmodel.fit_all_reduce([r["algorithm"] for r in pts], [r["bytes"] for r in pts],
-                                            [p] * len(pts), [r["seconds"] for r in pts],
-                                            gamma=fit["gamma"])
+            return costmodel.fit_all_reduce([r["algorithm"] for r in pts],
+                                            [r["bytes"] for r in pts], [p] * len(pts),
+                                            [r["seconds"] for r in pts], gamma=fit["gamma"])
         try:
             fit["joint"] = one(ours) if ours else (float("nan"), float("nan"))
         except ValueError:  # on a loaded machine the timed add can outlast a whole all-reduce
@@ -144,13 +145,14 @@ def report(rows):
         algorithms = [a for a in dict.fromkeys(r["algorithm"] for r in rows if r["world_size"] == p)
                       if a != "gloo"]
         fitted = [a for a in algorithms if a in fit]
-        print(f"\nworld size {p}: median time per all-reduce (ratio ours/gloo); gloo's bus bandwidth")
+        print(f"\nworld size {p}: median time per all-reduce (ratio ours/gloo); "
+              "gloo's bus bandwidth")
         print(f"  {'size':>8s} " + " ".join(f"{a:>17s}" for a in algorithms)
               + f" {'gloo':>10s} {'gloo busbw':>11s}")
         for n in sizes:
             g = by[(p, "gloo", n)]["seconds"]
-            cells = " ".join(f"{by[(p, a, n)]['seconds'] * 1e3:8.2f}ms ({by[(p, a, n)]['seconds'] / g:4.2f}x)"
-                             for a in algorithms)
+            cells = " ".join(f"{by[(p, a, n)]['seconds'] * 1e3:8.2f}ms "
+                             f"({by[(p, a, n)]['seconds'] / g:4.2f}x)" for a in algorithms)
             print(f"  {human_bytes(n):>8s} {cells} {g * 1e3:8.2f}ms "
                   f"{by[(p, 'gloo', n)]['bus_bandwidth'] / 1e9:7.2f}GB/s")
         for a in algorithms:
@@ -161,11 +163,12 @@ def report(rows):
                       f"worst {max(ratio):.2f}x")
         unusable = (f" (the timed add, {fit['gamma_measured'] * 1e12:.0f} ps/byte, alone outlasts "
                     "some all-reduces: a loaded machine)" if "gamma_measured" in fit else "")
-        print(f"  cost model, gamma (local add, all ranks at once) = {fit['gamma'] * 1e12:.0f} ps/byte"
-              f"{unusable}; fitted per algorithm:")
+        print(f"  cost model, gamma (local add, all ranks at once) = "
+              f"{fit['gamma'] * 1e12:.0f} ps/byte{unusable}; fitted per algorithm:")
         print(f"  {'':>8s} " + " ".join(f"{a:>17s}" for a in fitted))
         print(f"  {'alpha':>8s} " + " ".join(f"{fit[a][0] * 1e6:15.0f}us" for a in fitted))
-        print(f"  {'1/beta':>8s} " + " ".join(f"{costmodel.bandwidth(fit[a][1]) / 1e9:13.2f}GB/s" for a in fitted))
+        print(f"  {'1/beta':>8s} " + " ".join(f"{costmodel.bandwidth(fit[a][1]) / 1e9:13.2f}GB/s"
+                                             for a in fitted))
         print("  model error (predicted - measured) / measured, per-algorithm fit:")
         for n in sizes:
             print(f"  {human_bytes(n):>8s} " + " ".join(
@@ -176,13 +179,14 @@ def report(rows):
             joint = max(abs(_error(fit, "joint", r["algorithm"], r)) for r in big)
             print(f"  worst error for >= 1 MiB: {worst:.0%} per-algorithm fit; "
                   f"{joint:.0%} with one joint fit (alpha = {fit['joint'][0] * 1e6:.0f} us, "
-                  f"1/beta = {costmodel.bandwidth(fit['joint'][1]) / 1e9:.2f} GB/s) for all {len(fitted)}")
+                  f"1/beta = {costmodel.bandwidth(fit['joint'][1]) / 1e9:.2f} GB/s) "
+                  f"for all {len(fitted)}")
 
 
 def draw():
     from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
 
-    rows, facts = common.read_csv(NAME)
+    rows, facts = read_csv(NAME)
     model = fits(rows)
     fig, axes = plots.figure(len(model), width=5.6, height=5.0)
     for ax, (p, fit) in zip(axes[0], model.items()):

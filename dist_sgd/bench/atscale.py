@@ -22,8 +22,9 @@ several GPUs per node sharing one card does not change the ring's per-link bytes
 """
 import torch
 
-from dist_sgd.bench import common, p2p
+from dist_sgd.bench import p2p
 from dist_sgd.bench.steps import batch, build, make_step
+from dist_sgd.plumbing.figures import read_csv, write_csv
 from dist_sgd.plumbing.timing import summarize, time_alternating
 from dist_sgd.scale import costmodel
 from dist_sgd.sgd import models
@@ -74,7 +75,7 @@ def predictions(setting, network, compute_s, nbytes, alpha, beta, gamma, algorit
 
 def measure(quick=False):
     rows = all_predictions(*measure_compute(3 if quick else 9))
-    common.write_csv(NAME, rows)
+    write_csv(NAME, rows)
     return rows
 
 
@@ -101,9 +102,11 @@ def report(rows):
     big = [r for r in rows if r["setting"] == "BigNet (measured)"]
     if big:
         print(f"BigNet: measured compute {big[0]['compute_s'] * 1e3:.1f} ms per step (32 samples, "
-              f"1 core), {big[0]['nbytes'] / 1e6:.1f} MB of gradients; predicted efficiency, no overlap:")
+              f"1 core), {big[0]['nbytes'] / 1e6:.1f} MB of gradients; predicted efficiency, "
+              "no overlap:")
         shown = (2, 8, 64, 256, 1024)
-        print(f"  {'network':34s} {'algorithm':17s} " + " ".join(f"{'p=' + str(p):>6s}" for p in shown))
+        print(f"  {'network':34s} {'algorithm':17s} "
+              + " ".join(f"{'p=' + str(p):>6s}" for p in shown))
         for net in dict.fromkeys(r["network"] for r in big):
             for a in ALGORITHMS:
                 eff = {r["workers"]: r["efficiency"] for r in big
@@ -125,7 +128,7 @@ def draw():
 
     from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
 
-    rows, facts = common.read_csv(NAME)
+    rows, facts = read_csv(NAME)
     fig, axes = plots.figure(3, width=5.6, height=5.2)
     ax_eff, ax_step, ax_pub = axes[0]
     styles = ["-", "--", ":"]

@@ -23,14 +23,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from dist_sgd.bench import common
 from dist_sgd.beyond import ps
 from dist_sgd.beyond.hogwild import hogwild
 from dist_sgd.beyond.local_sgd import LocalSGD
+from dist_sgd.plumbing.figures import read_csv, write_csv
 from dist_sgd.plumbing.launch import launch
-from dist_sgd.scale.costmodel import predict_all_reduce
+from dist_sgd.scale.costmodel import human_bytes, predict_all_reduce
 from dist_sgd.sgd.data import get_dataset
-from dist_sgd.sgd.models import Net, init_weights
+from dist_sgd.sgd.models import BigNet, Net, count_parameters, init_weights
 from dist_sgd.sgd.train import evaluate, per_rank_batch
 
 NAME = "beyond"
@@ -122,7 +122,8 @@ def _training(rank, world_size, steps, only=None):
     batches, W = _Batches(data, me, len(workers)), len(workers)
     runs = {"all-reduce SGD": lambda: _synchronous(rank, workers, group, batches, steps, None),
             "sync PS": lambda: _ps(rank, servers, workers, batches, "sync", steps, False),
-            "sync PS, 1 slow worker": lambda: _ps(rank, servers, workers, batches, "sync", steps, True),
+            "sync PS, 1 slow worker": lambda: _ps(rank, servers, workers, batches, "sync", steps,
+                                                  True),
             "async PS, 1 slow worker": lambda: _ps(rank, servers, workers, batches, "async",
                                                    steps * W, True)}
     for h in PERIODS:
@@ -192,7 +193,7 @@ def measure(quick=False):
 
 def load():
     """The rows report() starts from (the harness's --redraw calls this too)."""
-    return common.read_csv(NAME + "_summary")[0]
+    return read_csv(NAME + "_summary")[0]
 
 
 def _setup(s):
@@ -231,10 +232,10 @@ def measure_training(s):
                         "items_per_s": s["steps"] * GLOBAL_BATCH / wall,
                         "accuracy": evaluate(net, test)["accuracy"],
                         "bytes_per_step": sum(run["bytes"] for run in runs) / s["steps"]})
-    common.write_csv(NAME, curve)
-    common.write_csv(NAME + "_summary", summary)
+    write_csv(NAME, curve)
+    write_csv(NAME + "_summary", summary)
     stale = results[0]["async PS, 1 slow worker"]["staleness"]
-    common.write_csv(NAME + "_staleness", [{"staleness": k, "updates": stale.count(k)}
+    write_csv(NAME + "_staleness", [{"staleness": k, "updates": stale.count(k)}
                                            for k in range(max(stale) + 1)])
 
 
@@ -243,11 +244,11 @@ def measure_straggler_and_cost(s):
     world = WORKERS + 1
     samples = launch(_straggler, world, s["straggler_updates"], s["straggler_repeats"],
                      backend="gloo", timeout=7200)[0]
-    common.write_csv(NAME + "_straggler", [{"mode": m, "run": i, "items_per_s": v}
+    write_csv(NAME + "_straggler", [{"mode": m, "run": i, "items_per_s": v}
                                            for m, vs in samples.items() for i, v in enumerate(vs)])
-    sizes = [sum(p.numel() for p in Net().parameters()), 1_199_882]  # Net, BigNet
+    sizes = [count_parameters(Net()), count_parameters(BigNet())]
     cost = launch(_ps_cost, 4, sizes, s["cost_rounds"], backend="gloo", timeout=7200)[1]
-    common.write_csv(NAME + "_ps_cost", cost)
+    write_csv(NAME + "_ps_cost", cost)
 
 
 
@@ -261,16 +262,18 @@ def measure_target(s):
         run = target[workers[0]][name]
         net = Net()
         torch.nn.utils.vector_to_parameters(run["weights"], net.parameters())
+        sent = sum(target[w][name]["bytes"] for w in workers)
         rows.append({"method": name, "steps": s["target_steps"],
-                     "epochs": s["target_steps"] * GLOBAL_BATCH / len(get_dataset("auto", quiet=True)),
+                     "epochs": s["target_steps"] * GLOBAL_BATCH / len(get_dataset("auto",
+                                                                                 quiet=True)),
                      "accuracy": evaluate(net, test)["accuracy"],
-                     "bytes_per_step": sum(target[w][name]["bytes"] for w in workers) / s["target_steps"],
+                     "bytes_per_step": sent / s["target_steps"],
                      "seconds": max(target[w][name]["rec"][-1][0] for w in workers)})
-    common.write_csv(NAME + "_target", rows)
+    write_csv(NAME + "_target", rows)
 
 
 def report(summary):
-    facts = common.read_csv(NAME + "_summary")[1]
+    facts = read_csv(NAME + "_summary")[1]
     print(f"measured on: {facts} (times on a loaded, shared machine: compare rows, not absolutes)")
     print(f"{'method':26s} {'steps':>6s} {'seconds':>8s} {'items/s':>8s} {'accuracy':>9s} "
           f"{'KiB sent/step':>14s}")
@@ -279,18 +282,18 @@ def report(summary):
               f"{100 * r['accuracy']:8.2f}% {r['bytes_per_step'] / 1024:14.1f}")
     print("\nlocal SGD and the asynchronous server, measured:")
     try:
-        (sync, h8), _ = common.read_csv(NAME + "_target")
+        (sync, h8), _ = read_csv(NAME + "_target")
     except FileNotFoundError:
         sync = h8 = None
         print("  local SGD H=8 vs all-reduce SGD for 2 epochs: not measured (no beyond_target.csv)")
     if h8:
         epochs = sync["epochs"]
-        print(f"  local SGD H=8: bytes per step {sync['bytes_per_step'] / h8['bytes_per_step']:.2f}x "
-              f"fewer than all-reduce SGD")
+        fewer = sync["bytes_per_step"] / h8["bytes_per_step"]
+        print(f"  local SGD H=8: bytes per step {fewer:.2f}x fewer than all-reduce SGD")
         print(f"  local SGD H=8 accuracy after {epochs:.2f} epochs: {100 * h8['accuracy']:.2f}% vs "
               f"all-reduce SGD {100 * sync['accuracy']:.2f}%: "
               f"{100 * (h8['accuracy'] - sync['accuracy']):+.2f} points")
-    rows, _ = common.read_csv(NAME + "_straggler")
+    rows, _ = read_csv(NAME + "_straggler")
     med = {m: statistics.median(r["items_per_s"] for r in rows if r["mode"] == m)
            for m in ("sync", "async")}
     pairs = [a["items_per_s"] / s["items_per_s"] for a in rows for s in rows
@@ -320,9 +323,9 @@ def _cost_model():
 def draw():
     from dist_sgd.bench import plots
 
-    curve, facts = common.read_csv(NAME)
-    summary, _ = common.read_csv(NAME + "_summary")
-    stale, _ = common.read_csv(NAME + "_staleness")
+    curve, facts = read_csv(NAME)
+    summary, _ = read_csv(NAME + "_summary")
+    stale, _ = read_csv(NAME + "_staleness")
     fig, axes = plots.figure(2, 2, width=6.2, height=4.4)
     (ax_step, ax_time), (ax_bytes, ax_stale) = axes
     for name in [r["method"] for r in summary]:
@@ -356,7 +359,7 @@ def draw():
                           note="PS methods: rank 0 is the server; all-reduce bytes: ring model "
                                "2(p-1)/p n per rank; PS bytes: counted")]
 
-    cost, facts = common.read_csv(NAME + "_ps_cost")
+    cost, facts = read_csv(NAME + "_ps_cost")
     fig, axes = plots.figure(1)
     ax = axes[0][0]
     fit = _cost_model()
@@ -364,10 +367,10 @@ def draw():
         rows = [r for r in cost if r["bytes"] == nbytes]
         p = [r["workers"] for r in rows]
         ax.plot(p, [r["seconds"] * 1e3 for r in rows], "o-", color=color,
-                label=f"measured, {plots.human_bytes(nbytes)}")
+                label=f"measured, {human_bytes(nbytes)}")
         if fit:
             ax.plot(p, [_ps_model(nbytes, q, fit) * 1e3 for q in p], "--", color=color,
-                    label=f"cost model 2p(alpha + n beta), {plots.human_bytes(nbytes)}")
+                    label=f"cost model 2p(alpha + n beta), {human_bytes(nbytes)}")
     ax.set_xlabel("workers p (one server)")
     ax.set_ylabel("one sync round: pull + push (ms)")
     ax.set_yscale("log")
@@ -382,7 +385,7 @@ def draw():
         print("\nparameter server, one sync round (pull + push), measured vs cost model:")
         for r in cost:
             model = _ps_model(r["bytes"], r["workers"], fit)
-            print(f"  {plots.human_bytes(r['bytes']):>9s}, {r['workers']} worker(s): "
+            print(f"  {human_bytes(r['bytes']):>9s}, {r['workers']} worker(s): "
                   f"{r['seconds'] * 1e3:8.2f} ms measured, {model * 1e3:7.2f} ms model "
                   f"({r['seconds'] / model:.1f}x)")
     return paths

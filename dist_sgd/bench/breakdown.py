@@ -25,6 +25,7 @@ import torch.distributed as dist
 from dist_sgd.bench import common
 from dist_sgd.bench.scaling import DDP_BUCKET_MB, STRATEGIES
 from dist_sgd.bench.steps import batch, build, make_steps
+from dist_sgd.plumbing.figures import read_csv
 from dist_sgd.plumbing.timing import summarize, time_alternating
 
 NAME = "breakdown"
@@ -86,18 +87,21 @@ def report(rows):
           f"{'comm':>9s} {'comm %':>7s}  (in average_gradients call)")
     for r in rows:
         print(f"  {r['model']:7s} {r['world_size']:2d} {r['strategy']:18s} "
-              + " ".join(f"{r[k] * 1e3:7.1f}ms" for k in ("step", "compute", "waiting", "communication"))
+              + " ".join(f"{r[k] * 1e3:7.1f}ms"
+                         for k in ("step", "compute", "waiting", "communication"))
               + f" {r['communication'] / r['step']:7.0%}"
-              + (f"  ({r['sync_call'] * 1e3:.1f} ms)" if r["strategy"] == "average_gradients" else ""))
+              + (f"  ({r['sync_call'] * 1e3:.1f} ms)"
+                 if r["strategy"] == "average_gradients" else ""))
 
 
 def draw():
     from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
 
-    rows, facts = common.read_csv(NAME)
+    rows, facts = read_csv(NAME)
     model_names = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plots.figure(len(model_names), width=6.0, height=4.6)
-    short = {"average_gradients": "average_\ngradients", "our DDP": "our DDP", "torch DDP": "torch DDP"}
+    short = {"average_gradients": "average_\ngradients", "our DDP": "our DDP",
+             "torch DDP": "torch DDP"}
     for ax, model_name in zip(axes[0], model_names):
         sel = [r for r in rows if r["model"] == model_name]
         labels, x = [], 0.0

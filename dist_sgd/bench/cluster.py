@@ -4,15 +4,14 @@
 
 Runs itself once in every node (`python -m dist_sgd.bench.cluster --node OUT`, one rank per node,
 as torchrun --nproc-per-node 1 would), node 0 leaves the samples in OUT, and the parent writes
-figures/cluster.csv and draws figures/cluster.png: ping-pong on the link (alpha, beta fitted),
-all-reduce bus bandwidth of gloo, our ring and a ring step's two exchange orders, and lesson
-07's DDP strategies on BigNet with the cost model's prediction. It prints the ratios that
+cluster.csv and draws cluster.png (in the benchmark's folder): ping-pong on the link (alpha,
+beta fitted), all-reduce bus bandwidth of gloo, our ring and a ring step's two exchange orders,
+and lesson 07's DDP strategies on BigNet with the cost model's prediction. It prints the ratios that
 matter (ring / gloo, DDP / average_gradients, model / measured). Everything compared is
 measured alternately in one run (medians).
 """
 import os
 import pickle
-import subprocess
 import sys
 import tempfile
 
@@ -20,9 +19,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dist_sgd.bench import common, nodes
+from dist_sgd.bench import nodes
+from dist_sgd.plumbing.figures import machine_facts, read_csv, write_csv
 from dist_sgd.plumbing.timing import summarize, time_alternating
 from dist_sgd.scale import cluster, costmodel
+from dist_sgd.sgd.models import BigNet, count_parameters
 
 NAME = "cluster"
 NODES, RATE = 2, "1gbit"
@@ -68,7 +69,6 @@ def _ddp_steps(rank, batch, repeats):
     from dist_sgd.plumbing.check import max_diff
     from dist_sgd.ddp.ddp import DistributedDataParallel
     from dist_sgd.ddp.steps import HookDDP, NaiveDDP
-    from dist_sgd.sgd.models import BigNet
 
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(batch, 1, 28, 28, generator=gen)
@@ -103,9 +103,11 @@ def _node_work(rank, world_size, quick):
     from dist_sgd.comm.p2p import ping_pong
 
     repeats = 3 if quick else 10
-    out = {"ping-pong": ping_pong([2 ** k for k in range(10, 23 if quick else 25, 2 if quick else 1)], repeats)}
+    sizes = range(10, 23, 2) if quick else range(10, 25)
+    out = {"ping-pong": ping_pong([2 ** k for k in sizes], repeats)}
     algos = _algorithms()
-    inputs = [torch.randn(MiB, generator=torch.Generator().manual_seed(r)) for r in range(world_size)]
+    inputs = [torch.randn(MiB, generator=torch.Generator().manual_seed(r))
+              for r in range(world_size)]
     out["check"] = {}
     for name, fn in algos.items():
         t = inputs[rank].clone()
@@ -120,18 +122,12 @@ def _node_work(rank, world_size, quick):
     return out
 
 
-def _links():
-    """The host's interfaces (names): the cluster must leave this list as it found it."""
-    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    return sorted(line.split(":")[1].strip() for line in out.splitlines() if ":" in line)
-
-
 def measure(quick=False):
     problem = cluster.privilege_problem()
     if problem:
         print(f"cluster: skipped: {problem}")
         return None
-    links_before, load = _links(), os.getloadavg()
+    links_before, load = nodes.host_links(), os.getloadavg()
     out_path = os.path.join(tempfile.mkdtemp(prefix="dist_sgd_cluster_"), "samples.pkl")
     with cluster.Cluster(NODES, rate=RATE) as c:
         names = [c.switch] + c.netns
@@ -139,15 +135,15 @@ def measure(quick=False):
         cmd = ["env", "RANK=$NODE_RANK", "WORLD_SIZE=$NNODES", "OMP_NUM_THREADS=1", sys.executable,
                "-m", "dist_sgd.bench.cluster", "--node", out_path]
         c.run(cmd + (["--quick"] if quick else []), timeout=1800)
-    left = [n for n in cluster.ours() if n in names] + sorted(set(_links()) - set(links_before))
+    left = [n for n in cluster.ours() if n in names]
+    left += sorted(set(nodes.host_links()) - set(links_before))
+    print(f"  left behind by the cluster: {' '.join(left) or 'nothing'}", flush=True)
     with open(out_path, "rb") as f:
         out = pickle.load(f)
     rows = _rows(out)
-    rows.append({"part": "left behind", "name": " ".join(left) or "nothing", "bytes": "",
-                 "seconds": "", "min": "", "max": "", "max_diff": ""})
-    facts = (f"{common.machine_facts()}, {NODES} nodes (network namespaces) at {RATE}/s each way, "
+    facts = (f"{machine_facts()}, {NODES} nodes (network namespaces) at {RATE}/s each way, "
              f"load average {load[0]:.1f} at the start (other jobs on this machine)")
-    common.write_csv(NAME, rows, facts)
+    write_csv(NAME, rows, facts)
     return rows
 
 
@@ -160,11 +156,11 @@ def _rows(out):
                      "min": s["min"], "max": s["max"], "max_diff": diff})
 
     for r in out["ping-pong"]:
-        rows.append({"part": "ping-pong", "name": "one way", "bytes": r["bytes"], "seconds": r["seconds"],
-                     "min": r["min"], "max": r["max"], "max_diff": ""})
+        rows.append({"part": "ping-pong", "name": "one way", "bytes": r["bytes"],
+                     "seconds": r["seconds"], "min": r["min"], "max": r["max"], "max_diff": ""})
     for (name, m), samples in out["all-reduce"].items():
         add("all-reduce", name, m * MiB, samples, out["check"][name])
-    nbytes = 4 * 1_199_882  # BigNet's gradients
+    nbytes = 4 * count_parameters(BigNet())  # BigNet's gradients, float32
     for name in STRATEGIES:
         add("BigNet step", name, nbytes, out["steps"][name], out["grad diffs"].get(name, ""))
     return rows
@@ -190,7 +186,8 @@ def fit(rows):
 
 
 def predictions(rows):
-    """Predicted step times of average_gradients (no overlap) and our DDP (overlap with backward)."""
+    """Predicted step times of average_gradients (no overlap) and our DDP (overlapping
+    backward)."""
     alpha, beta = fit(rows)
     st = {r["name"]: r for r in _by_part(rows)["BigNet step"]}
     compute, forward = st["no communication"]["seconds"], st["forward only"]["seconds"]
@@ -216,7 +213,8 @@ def report(rows):
     print("all-reduce, 2 nodes: median ms (bus bandwidth as % of the link's rate)")
     for b in sizes:
         print(f"  {costmodel.human_bytes(b):>8s} " + " | ".join(
-            f"{n} {ar[n, b]['seconds'] * 1e3:6.1f} ({costmodel.bus_bandwidth(b, NODES, ar[n, b]['seconds']) / rate:4.0%})"
+            f"{n} {ar[n, b]['seconds'] * 1e3:6.1f} "
+            f"({costmodel.bus_bandwidth(b, NODES, ar[n, b]['seconds']) / rate:4.0%})"
             for n in names))
     worst = max(ar[n, b]["max_diff"] for n, b in ar)
     print(f"  every algorithm vs the single-machine sum: max difference {worst:.1e}")
@@ -235,7 +233,6 @@ def report(rows):
                for b in sizes if b >= MiB)
     speedup = st["average_gradients"]["seconds"] / st["our DDP"]["seconds"]
     model = {n: pred[n] / st[n]["seconds"] - 1 for n in pred}
-    left = parts["left behind"][0]["name"]
     print("\nthe ratios, measured:")
     print(f"  gloo bus bandwidth at >= 4 MiB: {bus:.0%} of the link's rate at the worst size")
     print(f"  our ring / gloo at >= 1 MiB: {ring:.2f}x at the worst size; "
@@ -244,14 +241,13 @@ def report(rows):
           f"torch DDP: "
           f"{st['average_gradients']['seconds'] / st['torch DDP']['seconds']:.2f}x")
     print("  cost model vs measured step: " + ", ".join(f"{n} {e:+.0%}" for n, e in model.items()))
-    print(f"  left behind after the run: {left}")
 
 
 def draw():
     try:
-        rows, facts = common.read_csv(NAME)
+        rows, facts = read_csv(NAME)
     except FileNotFoundError:
-        print("cluster: no figures/cluster.csv yet (measure as root first); nothing to draw")
+        print("cluster: no cluster.csv yet (measure as root first); nothing to draw")
         return []
     from dist_sgd.bench import plots  # matplotlib: only where we draw
 
@@ -264,7 +260,8 @@ def draw():
 
     pp = parts["ping-pong"]
     n = [r["bytes"] for r in pp]
-    ax_pp.plot(n, [r["bytes"] / r["seconds"] * 8 / 1e9 for r in pp], "o-", label="measured (median)")
+    ax_pp.plot(n, [r["bytes"] / r["seconds"] * 8 / 1e9 for r in pp], "o-",
+               label="measured (median)")
     fine = torch.logspace(10, 24, 100, base=2).tolist()
     ax_pp.plot(fine, [b / (alpha + beta * b) * 8 / 1e9 for b in fine], "--", color="black",
                label=f"fit: alpha = {alpha * 1e6:.0f} us,\n1/beta = {8 / beta / 1e9:.2f} Gbit/s "
@@ -295,7 +292,8 @@ def draw():
     st = [r for r in parts["BigNet step"] if r["name"] != "forward only"]
     pred = predictions(rows)
     y = range(len(st))
-    ax_st.barh(list(y), [r["seconds"] * 1e3 for r in st], color="tab:blue", label="measured (median)")
+    ax_st.barh(list(y), [r["seconds"] * 1e3 for r in st], color="tab:blue",
+               label="measured (median)")
     ax_st.errorbar([r["seconds"] * 1e3 for r in st], list(y),
                    xerr=[[(r["seconds"] - r["min"]) * 1e3 for r in st],
                          [(r["max"] - r["seconds"]) * 1e3 for r in st]],
@@ -311,10 +309,11 @@ def draw():
     ax_st.legend(fontsize=8)
     for ax in (ax_pp, ax_ar):
         ax.tick_params(axis="x", labelrotation=45, labelsize=8)
-    title = f"Two nodes on a {cluster.parse_rate(RATE) / 1e9:g} Gbit/s link (network namespaces, tbf)"
+    title = (f"Two nodes on a {cluster.parse_rate(RATE) / 1e9:g} Gbit/s link (network namespaces, "
+             "tbf)")
     return [plots.finish(fig, NAME, title, facts,
-                                note="medians of alternated samples; whiskers min-max; DDPs with 1 MiB "
-                                     "buckets; prediction = alpha-beta fit of the ping-pong")]
+                         note="medians of alternated samples; whiskers min-max; DDPs with 1 MiB "
+                              "buckets; prediction = alpha-beta fit of the ping-pong")]
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
-"""What every benchmark shares: the CSV helpers of dist_sgd.plumbing.figures, and running one
-measurement at several world sizes while keeping what worked when one of them fails.
+"""What every benchmark shares: Skip, and running one measurement at several world sizes while
+keeping what worked when one of them fails. (CSVs: dist_sgd.plumbing.figures.)
 
 A full benchmark run is long and unattended: if world size 4 fails, the numbers for 1, 2 and
 3 are still worth a CSV (and a figure, with `python -m dist_sgd.bench --redraw NAME`).
 """
-from dist_sgd.plumbing.figures import figure_path, folder, machine_facts, read_csv, write_csv  # noqa: F401
+from dist_sgd.plumbing.figures import read_csv, write_csv
 from dist_sgd.plumbing.launch import RankError, launch
 
 
@@ -37,14 +37,14 @@ def over_world_sizes(name, worker, world_sizes, *args, finish=None):
     if failed:
         detail = "\n".join(f"--- world size {p} ---\n{e}" for p, e in failed)
         kept = sorted({r["world_size"] for r in rows})
-        raise PartialResults(f"{name}: world sizes {[p for p, _ in failed]} failed"
-                             + (f"; {name}.csv holds {kept} (--redraw {name} draws it)" if rows else "")
-                             + f"\n{detail}")
+        holds = f"; {name}.csv holds {kept} (--redraw {name} draws it)" if rows else ""
+        raise PartialResults(f"{name}: world sizes {[p for p, _ in failed]} failed{holds}"
+                             f"\n{detail}")
     return rows
 
 
 def measured_as_root(name):
-    """(rows, facts) of figures/<name>.csv, or None, said, when nobody has measured it as root."""
+    """(rows, facts) of <name>.csv, or None, said, when nobody has measured it as root."""
     try:
         return read_csv(name)
     except FileNotFoundError:

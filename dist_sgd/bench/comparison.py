@@ -12,25 +12,30 @@ import os
 import subprocess
 import sys
 
-from dist_sgd.bench import common
+from dist_sgd.bench.common import Skip
+from dist_sgd.plumbing.figures import folder, read_csv
 
-LESSON = os.path.join(os.path.dirname(__file__), "..", "..", "lessons", "09_comparison.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LESSON = "lessons.09_comparison"  # run as `python -m` from ROOT: see measure()
 
 
 def measure(quick=False):
-    """Run lesson 09 at world size 2 (its output goes by); return the rows it wrote."""
-    if not os.path.exists(LESSON):
-        raise common.Skip(f"{os.path.normpath(LESSON)} is not there (an installed package?)")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))  # this checkout's
-    env = dict(os.environ, DIST_SGD_FIGURES=common.folder(), PYTHONPATH=path)
-    subprocess.run([sys.executable, LESSON, "--world-size", "2", "--save-figures",
-                    *(["--quick"] if quick else [])], env=env, check=True)
+    """Run lesson 09 at world size 2 (its output goes by); return the rows it wrote.
+
+    `python -m lessons.09_comparison` run in the checkout's root puts that root first on the
+    lesson's sys.path, so the lesson and its spawned ranks import this checkout's dist_sgd,
+    whatever is installed, and PYTHONPATH is left as it is. Its --save-figures writes into
+    $DIST_SGD_FIGURES: the benchmark's folder."""
+    if not os.path.exists(os.path.join(ROOT, "lessons", "09_comparison.py")):
+        raise Skip(f"no lessons/09_comparison.py in {ROOT} (an installed package?)")
+    subprocess.run([sys.executable, "-m", LESSON, "--world-size", "2", "--save-figures",
+                    *(["--quick"] if quick else [])],
+                   cwd=ROOT, env=dict(os.environ, DIST_SGD_FIGURES=folder()), check=True)
     return load()
 
 
 def load():
-    return common.read_csv("comparison")[0]
+    return read_csv("comparison")[0]
 
 
 def report(rows):
@@ -43,8 +48,8 @@ def report(rows):
 def draw():
     from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
 
-    rows, facts = common.read_csv("comparison")
-    curves, _ = common.read_csv("comparison_loss")
+    rows, facts = read_csv("comparison")
+    curves, _ = read_csv("comparison_loss")
     names = [r["strategy"] for r in rows]
     fig, axes = plots.figure(2, width=6)
     single = [c["loss"] for c in curves if c["strategy"] == names[0]]

@@ -1,7 +1,7 @@
 """Gradient compression (lesson 12): bytes per step, step time with our hooks vs torch's, and
 the error-feedback residual over steps.
 
-    python -m dist_sgd.bench compress          # figures/compress.png, compress.csv, compress_residual.csv
+    python -m dist_sgd.bench compress      # compress.png, compress.csv, compress_residual.csv
 
 1. Bytes per step: what each rank hands to all-reduce per step for BigNet (1.2 M parameters),
    counted by the hooks during the timed steps (PowerSGD: its state's counters), and checked
@@ -37,10 +37,11 @@ import torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook as torch_powers
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-from dist_sgd.bench import common
 from dist_sgd.bench.steps import ONE_BUCKET
 from dist_sgd.ddp import compress
 from dist_sgd.ddp.ddp import DistributedDataParallel
+from dist_sgd.plumbing.figures import (COMPRESS_LINK, compress_link, compress_link_lines,
+                                       machine_facts, read_csv, write_csv)
 from dist_sgd.plumbing.launch import launch
 from dist_sgd.plumbing.timing import summarize, time_alternating
 from dist_sgd.scale import cluster
@@ -55,7 +56,8 @@ RESIDUAL_START = 20
 
 def settings(quick):
     return {"batch": 4 if quick else 16, "repeats": 3 if quick else 15,
-            "residual_steps": 12 if quick else 300, "link_batch": 16, "link_repeats": 3 if quick else 15}
+            "residual_steps": 12 if quick else 300, "link_batch": 16,
+            "link_repeats": 3 if quick else 15}
 
 
 def _hook(scheme, ours):
@@ -70,8 +72,8 @@ def _hook(scheme, ours):
 
 
 # What is timed: (DDP, our hook?). The target compares the first with the last.
-IMPLS = {"torch DDP + torch hook": ("torch DDP", False), "torch DDP + our hook": ("torch DDP", True),
-         "our DDP + our hook": ("our DDP", True)}
+IMPLS = {"torch DDP + torch hook": ("torch DDP", False),
+         "torch DDP + our hook": ("torch DDP", True), "our DDP + our hook": ("our DDP", True)}
 
 
 def _model(scheme, ours, ddp, bucket_cap_mb=ONE_BUCKET):
@@ -86,13 +88,15 @@ def _model(scheme, ours, ddp, bucket_cap_mb=ONE_BUCKET):
 
 
 def _residual(steps):
-    """||e|| and ||averaged gradient|| per compressed step: Net, PowerSGD rank 1 + error feedback."""
+    """||e|| and ||averaged gradient|| per compressed step: Net, PowerSGD rank 1, error
+    feedback."""
     from dist_sgd.sgd.data import get_dataset
     from dist_sgd.sgd.train import shard_loader
 
     torch.manual_seed(0)
     model = TorchDDP(Net().apply(init_weights), bucket_cap_mb=ONE_BUCKET)
-    state = compress.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=RESIDUAL_START)
+    state = compress.PowerSGDState(None, matrix_approximation_rank=1,
+                                   start_powerSGD_iter=RESIDUAL_START)
     model.register_comm_hook(state, compress.powerSGD_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
     loader = shard_loader(get_dataset("auto", quiet=True), 64)
@@ -136,7 +140,6 @@ def _reset(state, counter):
         state.total_numel_after_compression = 0
 
 
-LINK = "1 Gbit/s link, 2 nodes"
 LINK_IMPLS = {"torch DDP, no compression": "none",
               "our DDP + our PowerSGD rank 2": "PowerSGD rank 2",
               "our DDP + our PowerSGD rank 2, one bucket": "PowerSGD rank 2",
@@ -163,7 +166,7 @@ def _link_worker(rank, world_size, s):
     # bytes into all-reduce per step; None: on paper (torch's DDP counts nothing)
     sent = [None, _sent("PowerSGD rank 2", state, counter),
             _sent("PowerSGD rank 2", state1, counter1), 0]
-    return [_row(LINK, LINK_IMPLS[n], n, world_size, s["link_batch"], b, times[n])
+    return [_row(COMPRESS_LINK, LINK_IMPLS[n], n, world_size, s["link_batch"], b, times[n])
             for n, b in zip(models, sent)]
 
 
@@ -192,10 +195,10 @@ def _worker(rank, world_size, s):
 def measure_link(quick):
     """Rows of the link measurement, or [] (after saying why) where no cluster can be built."""
     out = os.path.join(tempfile.mkdtemp(prefix="dist_sgd_compress_"), "rows.pkl")
-    problem = cluster.run_in_nodes(["-m", "dist_sgd.bench.compress", out] + (["--quick"] if quick else []),
-                                   timeout=900)
+    problem = cluster.run_in_nodes(["-m", "dist_sgd.bench.compress", out]
+                                   + (["--quick"] if quick else []), timeout=900)
     if problem:
-        print(f"compress: the {LINK} part skipped: {problem}")
+        print(f"compress: the {COMPRESS_LINK} part skipped: {problem}")
         return []
     with open(out, "rb") as f:
         return pickle.load(f)
@@ -205,23 +208,24 @@ def measure(quick=False):
     load = os.getloadavg()[0]  # a busy machine makes every time here slower and noisier
     rows, residual = launch(_worker, 2, settings(quick), backend="gloo")[0]
     rows += measure_link(quick)
-    facts = f"{common.machine_facts()}, load average {load:.1f} -> {os.getloadavg()[0]:.1f}"
-    common.write_csv(NAME, rows, facts)
-    common.write_csv(NAME + "_residual", residual, facts)
+    facts = f"{machine_facts()}, load average {load:.1f} -> {os.getloadavg()[0]:.1f}"
+    write_csv(NAME, rows, facts)
+    write_csv(NAME + "_residual", residual, facts)
     return rows
 
 
 def _split(rows):
     """(loopback rows, link rows {impl: row}); CSVs from before the link part have no network."""
-    link = {r["impl"]: r for r in rows if r.get("network") == LINK}
+    link = compress_link(rows)
     return [r for r in rows if r.get("network", "loopback") == "loopback"], link
 
 
 def report(rows):
     rows, link = _split(rows)
     by = {(r["scheme"], r["impl"]): r for r in rows}
-    print(f"BigNet, {rows[0]['world_size']} ranks over loopback (gloo), {rows[0]['batch_per_rank']} "
-          f"samples per rank, one bucket; medians of {rows[0]['n']} alternated steps (slowest rank)")
+    print(f"BigNet, {rows[0]['world_size']} ranks over loopback (gloo), "
+          f"{rows[0]['batch_per_rank']} samples per rank, one bucket; medians of {rows[0]['n']} "
+          "alternated steps (slowest rank)")
     print(f"  {'scheme':16s} {'bytes/step':>11s}" + "".join(f" {impl:>23s}" for impl in IMPLS)
           + "  ours/torch (our DDP + our hook vs torch DDP + torch hook)")
     ratios, hook_ratios = {}, {}
@@ -235,36 +239,29 @@ def report(rows):
               + f"  {ratios[scheme]:.2f}x")
         for impl in IMPLS:
             if by[scheme, impl]["bytes_per_step"] != by[scheme, impl]["bytes_on_paper"]:
-                print(f"    {impl}: bytes counted {by[scheme, impl]['bytes_per_step']:.0f} differ from "
-                      f"dist_sgd.ddp.compress.values_sent {by[scheme, impl]['bytes_on_paper']:.0f}")
+                print(f"    {impl}: bytes counted {by[scheme, impl]['bytes_per_step']:.0f} differ "
+                      "from dist_sgd.ddp.compress.values_sent "
+                      f"{by[scheme, impl]['bytes_on_paper']:.0f}")
     print("  our DDP + our hook / torch DDP + torch's hook, same hook settings: "
           + ", ".join(f"{s} {r:.2f}x" for s, r in ratios.items()))
     print("  (our hook alone, on torch's DDP, / torch's hook: "
           + ", ".join(f"{s} {r:.2f}x" for s, r in hook_ratios.items()) + ")")
-    p2 = by["PowerSGD rank 2", "our DDP + our hook"]["median_s"] / by["none", "torch DDP + torch hook"]["median_s"]
-    print(f"  our DDP + our PowerSGD rank 2 / torch DDP without compression, over loopback: {p2:.2f}x")
+    p2 = (by["PowerSGD rank 2", "our DDP + our hook"]["median_s"]
+          / by["none", "torch DDP + torch hook"]["median_s"])
+    print("  our DDP + our PowerSGD rank 2 / torch DDP without compression, over loopback: "
+          f"{p2:.2f}x")
     if link:
-        report_link(link)
+        print("\n".join(compress_link_lines(link)))
     else:
-        print(f"{LINK}: not measured (no cluster: needs root)")
+        print(f"{COMPRESS_LINK}: not measured (no cluster: needs root)")
     return ratios
-
-
-def report_link(link, out=print):
-    """The link rows ({impl: row}), each with its ratio to torch's DDP without compression."""
-    plain = link["torch DDP, no compression"]
-    out(f"{LINK} (lesson 11's cluster), BigNet, {plain['batch_per_rank']} samples per node, "
-        f"medians of {plain['n']} alternated steps (slowest rank):")
-    for name, r in link.items():
-        out(f"  {name:42s} {r['median_s'] * 1e3:6.1f} ms  {r['median_s'] / plain['median_s']:5.2f}x"
-            f"  {human_bytes(r['bytes_per_step']):>9s} per step into all-reduce")
 
 
 def draw():
     from dist_sgd.bench import plots
 
-    rows, facts = common.read_csv(NAME)
-    residual, _ = common.read_csv(NAME + "_residual")
+    rows, facts = read_csv(NAME)
+    residual, _ = read_csv(NAME + "_residual")
     report(rows)
     rows, link = _split(rows)
     by = {(r["scheme"], r["impl"]): r for r in rows}
@@ -275,7 +272,7 @@ def draw():
     sent = [by[s, "our DDP + our hook"]["bytes_per_step"] for s in names]
     ax_b.bar(xs, sent, color=["tab:gray", "tab:orange", "tab:blue", "tab:blue", "tab:blue"])
     for x, b in zip(xs, sent):
-        ax_b.text(x, b, plots.human_bytes(b), ha="center", va="bottom", fontsize=8)
+        ax_b.text(x, b, human_bytes(b), ha="center", va="bottom", fontsize=8)
     plots.bytes_axis(ax_b, "y")
     ax_b.set_xticks(list(xs), [n.replace("PowerSGD ", "PowerSGD\n") for n in names], fontsize=8)
     ax_b.set_ylabel("bytes per rank per step, into all-reduce")
@@ -306,17 +303,20 @@ def draw():
         med = [r["median_s"] * 1e3 for r in link.values()]
         err = [[m - r["min_s"] * 1e3 for m, r in zip(med, link.values())],
                [r["max_s"] * 1e3 - m for m, r in zip(med, link.values())]]
-        ax_l.bar(range(len(med)), med, yerr=err, capsize=3, color=["tab:red", "tab:blue", "tab:cyan", "tab:gray"][:len(med)])
+        ax_l.bar(range(len(med)), med, yerr=err, capsize=3,
+                 color=["tab:red", "tab:blue", "tab:cyan", "tab:gray"][:len(med)])
         for x, (m, r) in enumerate(zip(med, link.values())):
-            ax_l.text(x, m / 2, f"{m:.0f} ms\n{plots.human_bytes(r['bytes_per_step'])}/step", ha="center",
+            ax_l.text(x, m / 2, f"{m:.0f} ms\n{human_bytes(r['bytes_per_step'])}/step", ha="center",
                       va="center", fontsize=9, color="white")
         ax_l.set_xticks(range(len(med)), [n.replace(", ", ",\n").replace(" + our P", "\n+ our P")
                                           .replace(" alone", "\nalone") for n in link], fontsize=7)
         ax_l.set_ylabel("ms per step (median, min-max)")
-        ax_l.set_title(f"BigNet step, {LINK}, {next(iter(link.values()))['batch_per_rank']} samples/node")
+        ax_l.set_title(f"BigNet step, {COMPRESS_LINK}, "
+                       f"{next(iter(link.values()))['batch_per_rank']} samples/node")
     return [plots.finish(fig, NAME, "Gradient compression as DDP communication hooks", facts,
-                         note=f"batch {rows[0]['batch_per_rank']} per rank, {rows[0]['n']} alternated "
-                              "samples per bar; e = what compression left on the rank (error feedback)")]
+                         note=f"batch {rows[0]['batch_per_rank']} per rank, {rows[0]['n']} "
+                              "alternated samples per bar; e = what compression left on the rank "
+                              "(error feedback)")]
 
 
 if __name__ == "__main__":  # in each node of the cluster (see measure_link): one rank

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from dist_sgd.bench import common
 from dist_sgd.bench.steps import DEFAULTS, batch, build, make_step
+from dist_sgd.plumbing.figures import read_csv, write_csv
 from dist_sgd.plumbing.launch import launch
 from dist_sgd.plumbing.timing import summarize, time_alternating
 
@@ -137,12 +138,12 @@ def measure(quick=False):
         timeline = launch(timeline_rank, 2, s, backend="gloo")[0]
     out = {"ddp_speed": speed, "bucket_sweep": sweep, "ddp_timeline": timeline}
     for name, rows in out.items():
-        common.write_csv(name, rows)
+        write_csv(name, rows)
     return out
 
 
 def load():
-    return {name: common.read_csv(name)[0] for name in ("ddp_speed", "bucket_sweep", "ddp_timeline")}
+    return {name: read_csv(name)[0] for name in ("ddp_speed", "bucket_sweep", "ddp_timeline")}
 
 
 def report(out):
@@ -186,7 +187,7 @@ def draw():
 def draw_speed():
     from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
 
-    rows, facts = common.read_csv("ddp_speed")
+    rows, facts = read_csv("ddp_speed")
     sizes = sorted({r["world_size"] for r in rows})
     fig, axes = plots.figure(len(sizes), width=6.4)
     for ax, ws in zip(axes[0], sizes):
@@ -208,7 +209,7 @@ def draw_speed():
 def draw_sweep():
     from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
 
-    rows, facts = common.read_csv("bucket_sweep")
+    rows, facts = read_csv("bucket_sweep")
     labels = list(dict.fromkeys(str(r["bucket_cap_mb"]) for r in rows))
     fig, axes = plots.figure(1, width=7)
     ax = axes[0][0]
@@ -234,7 +235,7 @@ def draw_sweep():
 def draw_timeline():
     from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
 
-    rows, facts = common.read_csv("ddp_timeline")
+    rows, facts = read_csv("ddp_timeline")
     names = list(dict.fromkeys(r["strategy"] for r in rows))
     fig, axes = plots.figure(1, nrows=len(names), width=10, height=2.6)
     for ax, name in zip(axes[:, 0], names):

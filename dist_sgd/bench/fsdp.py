@@ -28,7 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dist_sgd.bench import common, nodes
+from dist_sgd.bench import nodes
+from dist_sgd.plumbing.figures import machine_facts, read_csv, write_csv
 from dist_sgd.plumbing.launch import launch
 from dist_sgd.plumbing.timing import summarize, time_alternating
 from dist_sgd.scale import cluster
@@ -76,11 +77,13 @@ def _memory_worker(rank, world_size):
     for scheme in SCHEMES:
         model = _layers()
         if scheme == "DDP":
-            net = DistributedDataParallel(model, all_reduce=lambda t: counted.start("all_reduce", t).wait())
+            net = DistributedDataParallel(
+                model, all_reduce=lambda t: counted.start("all_reduce", t).wait())
             opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         elif scheme == "ZeRO-1":
             net = model
-            opt = ShardedOptimizer(model.parameters(), torch.optim.Adam, scheme="all_gather", lr=1e-3)
+            opt = ShardedOptimizer(model.parameters(), torch.optim.Adam, scheme="all_gather",
+                                   lr=1e-3)
         else:
             net = FullyShardedDataParallel(model, shard_all=True,
                                            reshard_after_forward=scheme == "ZeRO-3")
@@ -111,8 +114,8 @@ def formula(scheme, psi, p, unit):
     """The ZeRO paper's bytes per rank (float32 + Adam: K = 8), plus what ours holds besides
     (named): ZeRO-3 two gathered units and one unit's gradient being reduced; ZeRO-2, whose
     formula counts the gathered units as its parameters, its own pieces (4/p) on top."""
-    return {"DDP": 16 * psi, "ZeRO-1": (8 + 8 / p) * psi, "ZeRO-2": (4 + 12 / p) * psi + 4 * psi / p,
-            "ZeRO-3": 16 * psi / p + 3 * unit}[scheme]
+    return {"DDP": 16 * psi, "ZeRO-1": (8 + 8 / p) * psi,
+            "ZeRO-2": (4 + 12 / p) * psi + 4 * psi / p, "ZeRO-3": 16 * psi / p + 3 * unit}[scheme]
 
 
 # ---- part 2: one step on two emulated nodes -------------------------------------------------
@@ -138,12 +141,14 @@ def _link_models():
 
     nets = {"no communication": bignet(), "torch DDP": TorchDDP(bignet(), bucket_cap_mb=1),
             "our DDP": DistributedDataParallel(bignet(), bucket_cap_mb=1), "ZeRO-1": bignet(),
-            "ZeRO-3, no prefetch": FullyShardedDataParallel(bignet(), prefetch=0, collectives="ours"),
+            "ZeRO-3, no prefetch": FullyShardedDataParallel(bignet(), prefetch=0,
+                                                            collectives="ours"),
             "ZeRO-3": FullyShardedDataParallel(bignet(), collectives="ours"),
             "ZeRO-2": FullyShardedDataParallel(bignet(), reshard_after_forward=False,
                                                collectives="ours"),
             "ZeRO-3, torch's collectives": FullyShardedDataParallel(bignet()),
-            "torch fully_shard ZeRO-3": torch_fsdp(True), "torch fully_shard ZeRO-2": torch_fsdp(False)}
+            "torch fully_shard ZeRO-3": torch_fsdp(True),
+            "torch fully_shard ZeRO-2": torch_fsdp(False)}
     opts = {n: torch.optim.Adam(m.parameters(), lr=1e-3) for n, m in nets.items() if n != "ZeRO-1"}
     opts["ZeRO-1"] = ShardedOptimizer(nets["ZeRO-1"].parameters(), torch.optim.Adam,
                                       scheme="all_gather", collectives="ours", lr=1e-3)
@@ -172,7 +177,8 @@ def _link_worker(rank, world_size, quick):
 
     times = {}
     for batch in NODE_BATCHES:
-        x, y = torch.randn(batch, 1, 28, 28, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
+        x = torch.randn(batch, 1, 28, 28, generator=gen)
+        y = torch.randint(0, 10, (batch,), generator=gen)
         samples = time_alternating({n: (lambda n=n: step(n, x, y)) for n in LINK},
                                    repeats=4 if quick else 25 if batch < 32 else 15)
         times.update({(batch, n): v for n, v in samples.items()})
@@ -184,7 +190,8 @@ def _link_worker(rank, world_size, quick):
     diffs = {}
     for n in LINK:
         full = _full(nets[n])
-        diffs[n] = "" if n == "no communication" else max_diff([full[k] for k in ref], list(ref.values()))
+        diffs[n] = ("" if n == "no communication" else
+                    max_diff([full[k] for k in ref], list(ref.values())))
     torch.distributed.barrier()  # DDPs' reducers done before the group goes
     return {"seconds": times, "sent": sent, "diffs": diffs}
 
@@ -218,9 +225,9 @@ def measure(quick=False):
     load = os.getloadavg()[0]
     rows += _link_rows(quick)
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    facts = (f"{common.machine_facts()}; link part: {NODES} nodes (network namespaces) at "
+    facts = (f"{machine_facts()}; link part: {NODES} nodes (network namespaces) at "
              f"{RATE}/s each way, load average {load:.1f} at its start")
-    common.write_csv(NAME, [{k: r.get(k, "") for k in keys} for r in rows], facts)
+    write_csv(NAME, [{k: r.get(k, "") for k in keys} for r in rows], facts)
     return rows
 
 
@@ -243,12 +250,14 @@ def report(rows):
     sizes = sorted({p for _, p in mem})
     print("bytes per rank at the peak of a step (MiB, largest rank) / the formula (+ named units):")
     for scheme in SCHEMES:
-        print(f"  {scheme:7s} " + "  ".join(f"p={p}: {mem[scheme, p][0] / MiB:6.2f} "
-                                            f"({mem[scheme, p][0] / mem[scheme, p][1]:.3f}x)" for p in sizes))
+        print(f"  {scheme:7s} " + "  ".join(
+            f"p={p}: {mem[scheme, p][0] / MiB:6.2f} "
+            f"({mem[scheme, p][0] / mem[scheme, p][1]:.3f}x)" for p in sizes))
     print("bytes sent per step over DDP's (counted):")
     for scheme in SCHEMES[1:]:
         print(f"  {scheme:7s} " + "  ".join(
-            f"p={p}: {mem[scheme, p][2] / mem['DDP', p][2]:.4f}x" for p in sizes if mem["DDP", p][2]))
+            f"p={p}: {mem[scheme, p][2] / mem['DDP', p][2]:.4f}x"
+            for p in sizes if mem["DDP", p][2]))
     for batch in sorted({r["batch"] for r in rows if r["part"] == "link"}):
         link = {r["scheme"]: r for r in rows if r["part"] == "link" and r["batch"] == batch}
         ms = {n: r["seconds"] * 1e3 for n, r in link.items()}
@@ -259,14 +268,15 @@ def report(rows):
             sent = f"  sends {r['sent'] / 2 ** 20:5.2f} MiB" if r["sent"] != "" else ""
             print(f"  {n:28s} {ms[n]:7.1f} ({ms[n] / ms['our DDP']:.2f}x our DDP){sent}{diff}")
         print(f"  prefetch makes ZeRO-3 {ms['ZeRO-3, no prefetch'] / ms['ZeRO-3']:.2f}x faster "
-              f"; ZeRO-3 / our DDP {ms['ZeRO-3'] / ms['our DDP']:.2f}x; torch's fully_shard ZeRO-3 / ours {ms['torch fully_shard ZeRO-3'] / ms['ZeRO-3']:.2f}x")
+              f"; ZeRO-3 / our DDP {ms['ZeRO-3'] / ms['our DDP']:.2f}x; torch's fully_shard "
+              f"ZeRO-3 / ours {ms['torch fully_shard ZeRO-3'] / ms['ZeRO-3']:.2f}x")
 
 
 def draw():
     try:
-        rows, facts = common.read_csv(NAME)
+        rows, facts = read_csv(NAME)
     except FileNotFoundError:
-        print("fsdp: no figures/fsdp.csv yet (python -m dist_sgd.bench fsdp, as root); nothing to draw")
+        print("fsdp: no fsdp.csv yet (python -m dist_sgd.bench fsdp, as root); nothing to draw")
         return []
     from dist_sgd.bench import plots  # matplotlib: only where we draw
 
@@ -278,7 +288,8 @@ def draw():
     ax_mem, ax_bytes = axes[0]
     colors = {"DDP": "tab:red", "ZeRO-1": "tab:orange", "ZeRO-2": "tab:green", "ZeRO-3": "tab:blue"}
     for scheme, c in colors.items():
-        ax_mem.plot(sizes, [mem[scheme, p][0] / 2 ** 20 for p in sizes], "o-", color=c, label=scheme)
+        ax_mem.plot(sizes, [mem[scheme, p][0] / 2 ** 20 for p in sizes], "o-", color=c,
+                    label=scheme)
         ax_mem.plot(sizes, [mem[scheme, p][1] / 2 ** 20 for p in sizes], "--", color=c, lw=0.8)
         if scheme != "DDP":
             ps = [p for p in sizes if mem["DDP", p][2]]

@@ -2,6 +2,10 @@
 
     sudo python3 -m dist_sgd.bench netaccuracy   # needs root (network namespaces); ~10 min
 
+The data: Fashion-MNIST where its files are (`apt-get install dataset-fashion-mnist`, or
+DIST_SGD_FASHION_MNIST), else what the lessons use, get_dataset("auto") (MNIST if it can be
+downloaded, else a synthetic set), which says which; DIST_SGD_DATASET chooses one.
+
 On 10 Mbit/s a synchronous step of Net (87 KB of gradients, ~10 ms of compute per node
 here) waits ~0.1 s for its all-reduce: communication is most of the step. Four ways to train
 the same model from the same start on the same data (each node its own quarter of every
@@ -18,9 +22,10 @@ global batch of 4 x 32, SGD lr 0.05 momentum 0.9 unless said otherwise, EPOCHS e
 Every EVAL_EVERY steps (a multiple of both periods, right after an average) the clock stops,
 the nodes score the model on the 10,000 test images together, and the clock goes on. Each
 method's wall time and bytes sent per node (a ring all-reduce sends 2(p-1)/p of what it
-reduces) to reach TARGET test accuracy, and its accuracy after the last step, go into
-figures/netaccuracy.csv.
+reduces) to reach NETACCURACY_TARGET test accuracy (dist_sgd.plumbing.figures, where the
+summary lesson 10 quotes lives), and its accuracy after the last step, go into netaccuracy.csv.
 """
+import os
 import sys
 import time
 
@@ -28,11 +33,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dist_sgd.bench import common, nodes
+from dist_sgd.bench import nodes
+from dist_sgd.bench.common import Skip, measured_as_root
+from dist_sgd.plumbing.figures import (NETACCURACY_TARGET, machine_facts,
+                                       netaccuracy_summary, write_csv)
+from dist_sgd.scale import cluster
+from dist_sgd.sgd.data import LABELS, DatasetNotFound, get_dataset
 
 NAME = "netaccuracy"
 NODES, RATE = 4, "10mbit"
-BATCH, LR, MOMENTUM, EPOCHS, TARGET, START = 32, 0.05, 0.9, 2, 0.80, 20
+BATCH, LR, MOMENTUM, EPOCHS, START = 32, 0.05, 0.9, 2, 20
 METHODS = ("synchronous DDP", "PowerSGD", "local SGD (H = 4)", "local SGD (H = 8)",
            "DiLoCo (H = 24)")
 PERIODS = {"local SGD (H = 4)": 4, "local SGD (H = 8)": 8, "DiLoCo (H = 24)": 24}
@@ -132,12 +142,20 @@ def _slowest(seconds):
     return t.item()
 
 
-def _node_work(rank, world_size, quick):
-    from dist_sgd.sgd.data import get_dataset
+def dataset():
+    """The name of the dataset to train on (see the module's docstring); says which and why."""
+    if os.environ.get("DIST_SGD_DATASET", "auto") == "auto":
+        try:
+            return get_dataset("fashion-mnist").name
+        except DatasetNotFound as e:
+            print(f"netaccuracy: {e}; the lessons' dataset instead", flush=True)
+    return get_dataset("auto").name
 
+
+def _node_work(rank, world_size, quick, data):
     s = settings(quick)
-    train = get_dataset("fashion-mnist", quiet=True)
-    test = get_dataset("fashion-mnist", train=False, quiet=True)
+    train = get_dataset(data, quiet=True)
+    test = get_dataset(data, train=False, quiet=True)
     if s["test"]:
         test = torch.utils.data.TensorDataset(*(t[:s["test"]] for t in test.tensors))
     return {method: _train(method, rank, world_size, train, test, s) for method in METHODS}
@@ -150,33 +168,21 @@ def rows_of(curves):
     return rows
 
 
-def summary(rows):
-    """{method: {"seconds", "bytes" to TARGET (None if never), "final" accuracy, "step"}}."""
-    out = {}
-    for method in dict.fromkeys(r["method"] for r in rows if r["part"] == "curve"):
-        curve = [r for r in rows if r["part"] == "curve" and r["method"] == method]
-        hit = next((r for r in curve if r["accuracy"] >= TARGET), None)
-        out[method] = {"seconds": hit and hit["seconds"], "bytes": hit and hit["bytes"],
-                       "step": hit and hit["step"], "final": curve[-1]["accuracy"],
-                       "total_seconds": curve[-1]["seconds"], "total_bytes": curve[-1]["bytes"]}
-    return out
-
-
 def measure(quick=False):
-    curves, left = nodes.on_nodes(__name__, NODES, quick, rate=RATE)
-    rows = rows_of(curves)
-    rows.append({"part": "left behind", "method": left, "step": "", "seconds": "", "bytes": "",
-                 "accuracy": "", "loss": ""})
-    common.write_csv(NAME, rows, f"{common.machine_facts()}, {NODES} network-namespace nodes, "
-                                 f"{RATE}/s links (tbf, {nodes.BURST} B bucket), Fashion-MNIST")
+    if (problem := cluster.privilege_problem()) is not None:
+        raise Skip(problem)
+    data = dataset()
+    rows = rows_of(nodes.on_nodes(__name__, NODES, quick, rate=RATE, args=(data,)))
+    write_csv(NAME, rows, f"{machine_facts()}, {NODES} network-namespace nodes, {RATE}/s links "
+                          f"(tbf, {cluster.SCALING_BURST} B bucket), {LABELS[data]}")
     return rows
 
 
 def report(rows):
-    s = summary(rows)
+    s = netaccuracy_summary(rows)
     sync = s[METHODS[0]]
-    print(f"{NODES} nodes, {RATE}/s links, Net on Fashion-MNIST, {BATCH} per node; "
-          f"to {TARGET:.0%} test accuracy:")
+    print(f"{NODES} nodes, {RATE}/s links, Net, {BATCH} per node; "
+          f"to {NETACCURACY_TARGET:.0%} test accuracy:")
     for method, r in s.items():
         reach = (f"{r['seconds']:7.1f} s, {r['bytes'] / 1e6:7.2f} MB per node (step {r['step']})"
                  if r["seconds"] is not None else "not reached")
@@ -186,17 +192,15 @@ def report(rows):
         if r["seconds"] is not None and sync["seconds"] is not None and method != METHODS[0]:
             print(f"  {method:18s} {sync['seconds'] / r['seconds']:.1f}x faster to the target "
                   f"with {sync['bytes'] / max(r['bytes'], 1):.0f}x fewer bytes than synchronous")
-    left = [r for r in rows if r["part"] == "left behind"][0]["method"]
-    print(f"  left behind after the run: {left}")
 
 
 def draw():
-    if (measured := common.measured_as_root(NAME)) is None:
+    if (measured := measured_as_root(NAME)) is None:
         return []
     rows, facts = measured
     from dist_sgd.bench import plots  # matplotlib: only where we draw
 
-    s = summary(rows)
+    s = netaccuracy_summary(rows)
     colors = dict(zip(METHODS, ("tab:blue", "tab:purple", "tab:olive", "tab:green", "tab:orange")))
     fig, axes = plots.figure(3, width=5.0, height=4.2)
     for ax, (x, label) in zip(axes[0], (("seconds", "wall time (s), evaluations excluded"),
@@ -206,7 +210,8 @@ def draw():
             scale = 1e6 if x == "bytes" else 1
             ax.plot([r[x] / scale for r in curve], [r["accuracy"] for r in curve], "o-", ms=3,
                     color=colors.get(method, "gray"), label=method)
-        ax.axhline(TARGET, color="gray", ls=":", label=f"target {TARGET:.0%}")
+        ax.axhline(NETACCURACY_TARGET, color="gray", ls=":",
+                   label=f"target {NETACCURACY_TARGET:.0%}")
         ax.set_xlabel(label)
         ax.set_ylabel("test accuracy")
         ax.grid(True, alpha=0.3)
@@ -229,9 +234,10 @@ def draw():
     ax.set_yticklabels(names)
     ax.invert_yaxis()
     ax.set_xlim(0, 1.8 * max((s[n]["seconds"] or 0) for n in names) or 1)
-    ax.set_xlabel(f"seconds to {TARGET:.0%} test accuracy")
+    ax.set_xlabel(f"seconds to {NETACCURACY_TARGET:.0%} test accuracy")
     ax.set_title("time to accuracy (bytes per node beside)", fontsize=10)
-    title = f"Time to accuracy on {NODES} emulated nodes, {RATE}/s links (Net, Fashion-MNIST)"
+    data = facts.rsplit(", ", 1)[-1]  # measure() names the dataset last
+    title = f"Time to accuracy on {NODES} emulated nodes, {RATE}/s links (Net, {data})"
     return [plots.finish(fig, NAME, title, facts,
                          note=f"global batch {NODES} x {BATCH}, SGD lr {LR} momentum {MOMENTUM}, "
                               f"{EPOCHS} epochs; accuracy on the 10,000 test images every "

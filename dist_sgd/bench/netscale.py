@@ -4,7 +4,7 @@
 
 On one machine every rank shares the CPUs that copy its bytes, so collectives show the
 machine, not the algorithm. Here every node is a network namespace with a 100 Mbit/s link
-each way (dist_sgd.scale.cluster, bench/nodes.py), slow enough that 16 nodes on 2 cores stay
+each way (dist_sgd.scale.cluster's SCALING_RATE), slow enough that 16 nodes on 2 cores stay
 link-bound for big messages. For each node count p a fresh cluster runs, in every node,
 `python -m dist_sgd.bench.netscale --node OUT` (one rank per node), which
 
@@ -15,7 +15,8 @@ link-bound for big messages. For each node count p a fresh cluster runs, in ever
 
 Then one alpha-beta line is fitted once, to the 2-node ping-pong (every cluster's links are
 alike; the all-reduces it predicts never enter the fit), and predicts every measured point
-with the algorithm's coefficients (dist_sgd.scale.costmodel; gloo's all-reduce is a ring).
+with the algorithm's coefficients (dist_sgd.scale.costmodel; gloo's all-reduce is a ring):
+dist_sgd.plumbing.figures' netscale_with_model and netscale_summary, which lesson 10 quotes.
 Capped to keep the run under 20 minutes: naive at 8 and 16 nodes stops at 4 MiB (one 16 MiB
 sample would take 20 and 40 s; its 1-4 MiB points already test its line).
 """
@@ -24,14 +25,17 @@ import sys
 import torch
 import torch.distributed as dist
 
-from dist_sgd.bench import common, nodes
+from dist_sgd.bench import nodes
+from dist_sgd.bench.common import measured_as_root
+from dist_sgd.plumbing.figures import (machine_facts, netscale_fit, netscale_summary,
+                                       netscale_table, netscale_with_model, write_csv)
 from dist_sgd.plumbing.timing import summarize, time_alternating
-from dist_sgd.scale import costmodel
+from dist_sgd.scale import cluster, costmodel
 
 NAME = "netscale"
 KiB, MiB = 2 ** 10, 2 ** 20
 ALGORITHMS = ("gloo", "ring", "halving_doubling", "tree", "naive")
-MODEL_OF = {"gloo": "ring"}  # the cost model's line for each algorithm (gloo: a ring)
+RATE = cluster.SCALING_RATE
 TOLERANCE = {"gloo": 0.10, "ring": 0.10, "halving_doubling": 0.10, "tree": 0.20, "naive": 0.20}
 CAPS = {("naive", 8): 4 * MiB, ("naive", 16): 4 * MiB}  # the largest size timed
 
@@ -39,7 +43,7 @@ CAPS = {("naive", 8): 4 * MiB, ("naive", 16): 4 * MiB}  # the largest size timed
 def settings(quick):
     if quick:
         return {"nodes": (2, 4), "sizes": (4 * KiB, 64 * KiB, 1 * MiB),
-                "pp": {2: nodes.QUICK_PING_PONG, "other": (KiB, MiB)},
+                "pp": {2: costmodel.shaped_link_sizes(quick=True), "other": (KiB, MiB)},
                 "repeats": lambda n: 2}
     return {"nodes": (2, 4, 8, 16), "sizes": tuple(4 ** k * KiB for k in range(8)),
             # the fit's ping-pong in the 2-node cluster, 1 KiB .. 16 MiB; elsewhere a check
@@ -104,74 +108,25 @@ def _rows(out):
     return rows
 
 
-def with_model(rows):
-    """Add the model's prediction to every row, from the one fit of the 2-node ping-pong."""
-    alpha, beta = fit(rows)
-    for r in rows:
-        algorithm = MODEL_OF.get(r["algorithm"], r["algorithm"])
-        r["model"] = (alpha + beta * r["bytes"] if r["part"] == "ping-pong" else
-                      costmodel.predict_all_reduce(algorithm, r["bytes"], r["nodes"], alpha, beta)
-                      if r["part"] == "all-reduce" else "")
-    return rows
-
-
 def measure(quick=False):
-    s, rows, left = settings(quick), [], []
-    for p in s["nodes"]:
-        print(f"  {p} nodes at {nodes.RATE}/s per link", flush=True)
-        out, leftover = nodes.on_nodes(__name__, p, quick)
-        rows += _rows(out)
-        left.append(leftover)
-    rows = with_model(rows)
-    rows.append({"part": "left behind", "nodes": "", "algorithm": " ".join(
-        x for x in left if x != "nothing") or "nothing", "bytes": "", "seconds": "", "min": "",
-        "max": "", "max_diff": "", "model": ""})
-    common.write_csv(NAME, rows, f"{common.machine_facts()}, {nodes.RATE}/s links (tbf, "
-                                 f"{nodes.BURST} B bucket) between network-namespace nodes")
+    rows = []
+    for p in settings(quick)["nodes"]:
+        print(f"  {p} nodes at {RATE}/s per link", flush=True)
+        rows += _rows(nodes.on_nodes(__name__, p, quick))
+    rows = netscale_with_model(rows)
+    write_csv(NAME, rows, f"{machine_facts()}, {RATE}/s links (tbf, {cluster.SCALING_BURST} B "
+                          "bucket) between network-namespace nodes")
     return rows
-
-
-def fit_rows(rows):
-    """The ping-pong rows the model is fitted to: the 2-node cluster's (nodes.fit_alpha_beta
-    keeps <= 1 KiB and >= 2 MiB of them)."""
-    return [r for r in rows if r["part"] == "ping-pong" and r["nodes"] == 2]
-
-
-def fit(rows):
-    return nodes.fit_alpha_beta(fit_rows(rows))
-
-
-def _table(rows):
-    return {(r["algorithm"], r["nodes"], r["bytes"]): r for r in rows if r["part"] == "all-reduce"}
-
-
-def summary(rows):
-    """The numbers the figure stands for: {name: value}, computed from the rows alone."""
-    ar, rate = _table(with_model(rows)), nodes.link_rate()
-    ps = sorted({p for _, p, _ in ar})
-    big = [k for k in ar if k[2] >= MiB]
-    bus = {a: min(costmodel.bus_bandwidth(n, p, ar[a, p, n]["seconds"]) / rate
-                  for b, p, n in big if b == a) for a in ("gloo", "ring")}
-    ratio = max(ar["ring", p, n]["seconds"] / ar["gloo", p, n]["seconds"]
-                for a, p, n in big if a == "ring" and ("gloo", p, n) in ar)
-    error = {a: max((abs(ar[k]["model"] / ar[k]["seconds"] - 1), k) for k in big if k[0] == a)
-             for a in ALGORITHMS if any(k[0] == a for k in big)}
-    crossover = {}
-    for p in ps:  # the sizes at which the tree beat the ring, measured and in the model
-        sizes = sorted(n for a, q, n in ar if a == "tree" and q == p and ("ring", p, n) in ar)
-        crossover[p] = tuple([n for n in sizes if ar["tree", p, n][k] < ar["ring", p, n][k]]
-                             for k in ("seconds", "model"))
-    return {"bus": bus, "ring/gloo": ratio, "error": error, "crossover": crossover}
 
 
 def report(rows):
-    rows = with_model(rows)  # from the fit of these rows (a CSV's model column may be older)
-    alpha, beta = fit(rows)
-    rate, pp = nodes.link_rate(), [r for r in rows if r["part"] == "ping-pong"]
+    rows = netscale_with_model(rows)  # from the fit of these rows (a CSV's model may be older)
+    alpha, beta = netscale_fit(rows)
+    rate = cluster.parse_rate(RATE) / 8  # bytes/s
     print(f"ping-pong, 2 nodes (<= 1 KiB, >= 2 MiB): alpha = {alpha * 1e6:.0f} us, "
           f"1/beta = {8 / beta / 1e6:.1f} Mbit/s = {1 / beta / rate:.1%} of the link's rate "
-          f"(TCP's ceiling: {nodes.link_goodput(rate * 8) / rate:.1%})")
-    ar = _table(rows)
+          f"(TCP's ceiling: {cluster.link_goodput(rate * 8) / rate:.1%})")
+    ar = netscale_table(rows)
     for p in sorted({q for _, q, _ in ar}):
         print(f"{p} nodes: all-reduce median ms, model ms in brackets, bus bandwidth % of the link")
         for n in sorted({m for _, q, m in ar if q == p}):
@@ -181,11 +136,11 @@ def report(rows):
             print(f"  {costmodel.human_bytes(n):>7s}  " + " | ".join(cells))
     worst = max(r["max_diff"] for r in ar.values())
     print(f"every all-reduce vs the single-machine sum: max difference {worst:.1e}")
-    s = summary(rows)
+    s = netscale_summary(rows)
     print("at >= 1 MiB, every node count:")
     print("  lowest bus bandwidth: " + ", ".join(f"{a} {v:.1%} of the link's rate"
-                                                for a, v in s["bus"].items()) )
-    print(f"  our ring / gloo: at most {s['ring/gloo']:.3f}x ")
+                                                for a, v in s["bus"].items()))
+    print(f"  our ring / gloo: at most {s['ring/gloo']:.3f}x")
     for a, (e, (_, p, n)) in s["error"].items():
         print(f"  model vs measured, {a:16s}: worst {e:5.1%} ({p} nodes, "
               f"{costmodel.human_bytes(n)})")
@@ -193,19 +148,17 @@ def report(rows):
         show = lambda ns: ", ".join(costmodel.human_bytes(n) for n in ns) or "none"  # noqa: E731
         print(f"  tree faster than ring at {p:2d} nodes: measured {show(measured)}; "
               f"model {show(model)}")
-    left = [r for r in rows if r["part"] == "left behind"][0]["algorithm"]
-    print(f"  left behind after the runs: {left}")
 
 
 def draw():
-    if (measured := common.measured_as_root(NAME)) is None:
+    if (measured := measured_as_root(NAME)) is None:
         return []
     rows, facts = measured
     from dist_sgd.bench import plots  # matplotlib: only where we draw
 
-    rows = with_model(rows)
-    alpha, beta = fit(rows)
-    ar, rate = _table(rows), nodes.link_rate()
+    rows = netscale_with_model(rows)
+    alpha, beta = netscale_fit(rows)
+    ar, rate = netscale_table(rows), cluster.parse_rate(RATE) / 8
     sizes = sorted({n for _, _, n in ar})
     fig, axes = plots.figure(3, (len(sizes) + 3) // 3, width=4.6, height=3.7)
     panels = [ax for row in axes for ax in row]
@@ -218,7 +171,7 @@ def draw():
     fine = [2 ** (k / 4) for k in range(40, 4 * 24)]
     ax.plot(fine, [n / (alpha + beta * n) * 8 / 1e6 for n in fine], "k--",
             label=f"fit: alpha {alpha * 1e6:.0f} us, 1/beta {8 / beta / 1e6:.1f} Mbit/s")
-    ax.axhline(rate * 8 / 1e6, color="gray", ls=":", label=f"link rate ({nodes.RATE}/s)")
+    ax.axhline(rate * 8 / 1e6, color="gray", ls=":", label=f"link rate ({RATE}/s)")
     plots.bytes_axis(ax)
     ax.set_yscale("log")
     ax.set_xlabel("message size")
@@ -250,7 +203,7 @@ def draw():
             ax.legend(fontsize=6.5)
     for ax in panels[1 + len(sizes):]:
         ax.axis("off")
-    title = (f"All-reduce on 2-16 emulated nodes, {nodes.RATE}/s links: measured (points) and the "
+    title = (f"All-reduce on 2-16 emulated nodes, {RATE}/s links: measured (points) and the "
              "alpha-beta model fitted to the ping-pong (dashed)")
     return [plots.finish(fig, NAME, title, facts,
                          note="medians of alternated samples, whiskers min-max; gloo's model is "

@@ -3,8 +3,8 @@
     sudo python3 -m dist_sgd.bench nettrain      # needs root (network namespaces); ~6 min
 
 Every node keeps its own batch (BATCH samples) while nodes are added, on 100 Mbit/s links
-(bench/nodes.py). In every node, alternated (medians), each strategy's step: forward, loss,
-backward, its gradient sync, SGD update:
+(dist_sgd.scale.cluster's SCALING_RATE). In every node, alternated (medians), each strategy's
+step: forward, loss, backward, its gradient sync, SGD update:
 
     average_gradients      lesson 06: one all-reduce per parameter, after backward
     our DDP, torch DDP     1 MiB buckets, all-reduced while backward runs
@@ -31,9 +31,12 @@ import sys
 import torch
 import torch.distributed as dist
 
-from dist_sgd.bench import common, nodes
+from dist_sgd.bench import nodes
+from dist_sgd.bench.common import measured_as_root
+from dist_sgd.plumbing.figures import (machine_facts, nettrain_efficiency, nettrain_table,
+                                       write_csv)
 from dist_sgd.plumbing.timing import summarize, time_alternating
-from dist_sgd.scale import costmodel
+from dist_sgd.scale import cluster, costmodel
 
 NAME = "nettrain"
 KiB, MiB = 2 ** 10, 2 ** 20
@@ -41,6 +44,7 @@ BATCH, BUCKET_MB, PERIOD, RANK = 32, 1.0, 8, 2
 STRATEGIES = ("average_gradients", "our DDP", "torch DDP", "our DDP + PowerSGD",
               f"local SGD (H = {PERIOD})")
 ALONE = ("compute", "forward", "compute + PowerSGD arithmetic")
+RATE = cluster.SCALING_RATE
 
 
 def settings(quick):
@@ -127,7 +131,7 @@ def _node_work(rank, world_size, quick):
     s = settings(quick)
     out = {"nodes": world_size, "batch": s["batch"]}
     if world_size == 2:  # the links are alike at every node count: one fit, from 2 nodes
-        out["ping-pong"] = ping_pong(list(nodes.QUICK_PING_PONG if quick else nodes.PING_PONG), 5)
+        out["ping-pong"] = ping_pong(list(costmodel.shaped_link_sizes(quick)), 5)
     steps, out["buckets"], out["params"], out["shapes"] = _steps(rank, world_size, s["batch"])
     samples = time_alternating(steps, s["repeats"], warmup=3)
     samples[STRATEGIES[-1]] = [t / PERIOD for t in samples[STRATEGIES[-1]]]
@@ -165,7 +169,7 @@ def _values(shapes):
 
 
 def fit(rows):
-    return nodes.fit_alpha_beta([r for r in rows if r["part"] == "ping-pong"])
+    return costmodel.fit_shaped_link([r for r in rows if r["part"] == "ping-pong"])
 
 
 def _messages(row):
@@ -204,42 +208,23 @@ def with_model(rows):
 
 
 def measure(quick=False):
-    rows, left = [], []
+    rows = []
     for p in settings(quick)["nodes"]:
-        print(f"  {p} node(s) at {nodes.RATE}/s per link", flush=True)
-        out, leftover = nodes.on_nodes(__name__, p, quick)
-        rows += _rows(out)
-        left.append(leftover)
+        print(f"  {p} node(s) at {RATE}/s per link", flush=True)
+        rows += _rows(nodes.on_nodes(__name__, p, quick))
     rows = with_model(rows)
-    rows.append({"part": "left behind", "nodes": "", "name": " ".join(
-        x for x in left if x != "nothing") or "nothing", "bytes": "", "seconds": "", "min": "",
-        "max": "", "batch": "", "detail": "", "model": ""})
-    common.write_csv(NAME, rows, f"{common.machine_facts()}, {nodes.RATE}/s links (tbf, "
-                                 f"{nodes.BURST} B bucket) between network-namespace nodes")
+    write_csv(NAME, rows, f"{machine_facts()}, {RATE}/s links (tbf, {cluster.SCALING_BURST} B "
+                          "bucket) between network-namespace nodes")
     return rows
-
-
-def table(rows):
-    """{(name, nodes): row} of every step and part measured alone."""
-    return {(r["name"], r["nodes"]): r for r in rows if r["part"] in ("step", "alone")}
-
-
-def efficiency(rows):
-    """{(name, p): (efficiency, CPU share)}: samples/s per node at p over one node's with no
-    communication; CPU share = compute at 1 node / compute at p (the best any strategy does)."""
-    t = table(rows)
-    one = t["compute", 1]["seconds"]
-    return {(n, p): (one / r["seconds"], one / t["compute", p]["seconds"])
-            for (n, p), r in t.items() if r["part"] == "step"}
 
 
 def report(rows):
     rows = with_model(rows)  # from the fit of these rows (a CSV's model column may be older)
     alpha, beta = fit(rows)
-    rate = nodes.link_goodput(8 * nodes.link_rate())
+    rate = cluster.link_goodput(cluster.parse_rate(RATE))
     print(f"ping-pong: alpha = {alpha * 1e6:.0f} us, 1/beta = {8 / beta / 1e6:.1f} Mbit/s "
           f"(TCP's ceiling on this link: {8 * rate / 1e6:.1f})")
-    t, eff = table(rows), efficiency(rows)
+    t, eff = nettrain_table(rows), nettrain_efficiency(rows)
     ps = sorted({p for _, p in t})
     batch = t["compute", 1]["batch"]
     print(f"BigNet, {batch} samples per node; median ms per step (model), efficiency vs one node")
@@ -259,12 +244,10 @@ def report(rows):
     for name in STRATEGIES:
         e = max(abs(t[name, p]["model"] / t[name, p]["seconds"] - 1) for p in ps)
         print(f"  {name:24s} worst {e:5.1%}")
-    left = [r for r in rows if r["part"] == "left behind"][0]["name"]
-    print(f"left behind after the runs: {left}")
 
 
 def draw():
-    if (measured := common.measured_as_root(NAME)) is None:
+    if (measured := measured_as_root(NAME)) is None:
         return []
     rows, facts = measured
     from matplotlib.lines import Line2D
@@ -273,7 +256,7 @@ def draw():
     from dist_sgd.bench import plots  # matplotlib: only where we draw
 
     rows = with_model(rows)
-    t, eff = table(rows), efficiency(rows)
+    t, eff = nettrain_table(rows), nettrain_efficiency(rows)
     ps = sorted({p for _, p in t})
     batch = t["compute", 1]["batch"]
     colors = dict(zip(STRATEGIES, ("tab:orange", "tab:blue", "tab:red", "tab:purple", "tab:green")))
@@ -327,7 +310,7 @@ def draw():
     ax_bar.set_ylabel("ms per step (colour: beyond compute)")
     ax_bar.set_title("where a step goes", fontsize=10)
     ax_bar.legend(handles=handles, fontsize=6.5)
-    title = f"Weak scaling of BigNet on 1-{ps[-1]} emulated nodes, {nodes.RATE}/s links"
+    title = f"Weak scaling of BigNet on 1-{ps[-1]} emulated nodes, {RATE}/s links"
     return [plots.finish(fig, NAME, title, facts,
                          note="medians of alternated steps; DDPs with 1 MiB buckets; PowerSGD "
                               f"rank {RANK} with error feedback on one bucket; model: alpha-beta "

@@ -7,7 +7,7 @@ figure 6 (atscale) reuses this fit for "this machine's" network.
 """
 import numpy as np
 
-from dist_sgd.bench import common
+from dist_sgd.plumbing.figures import read_csv, write_csv
 from dist_sgd.plumbing.launch import launch
 from dist_sgd.scale.costmodel import bandwidth, fit_alpha_beta, human_bytes
 
@@ -30,7 +30,7 @@ def measure(quick=False):
     results = launch(_worker, 2, sizes(quick), repeats, backend="gloo")[0]  # CPU, as every figure
     rows = [{"bytes": int(r["bytes"]), "seconds": r["seconds"], "min": r["min"], "max": r["max"],
              "bandwidth_bytes_per_s": r["bandwidth"], "repeats": repeats} for r in results]
-    common.write_csv(NAME, rows)
+    write_csv(NAME, rows)
     return rows
 
 
@@ -40,9 +40,9 @@ def fit(rows):
 
 
 def load_fit():
-    """(alpha, beta, facts) from figures/p2p.csv, or None when it was not measured yet."""
+    """(alpha, beta, facts) from p2p.csv, or None when it was not measured yet."""
     try:
-        rows, facts = common.read_csv(NAME)
+        rows, facts = read_csv(NAME)
     except FileNotFoundError:
         return None
     return (*fit(rows), facts)
@@ -63,7 +63,7 @@ def report(rows):
 def draw():
     from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
 
-    rows, facts = common.read_csv(NAME)
+    rows, facts = read_csv(NAME)
     alpha, beta = fit(rows)
     n = np.array([r["bytes"] for r in rows], dtype=float)
     t = np.array([r["seconds"] for r in rows])
@@ -76,7 +76,8 @@ def draw():
     ax_t.fill_between(n, lo * 1e6, hi * 1e6, color="tab:blue", alpha=0.2, label="min-max")
     ax_t.plot(n, t * 1e6, "o-", color="tab:blue", label="measured (median)")
     ax_t.plot(fine, model * 1e6, "--", color="black",
-              label=f"alpha + n*beta: alpha = {alpha * 1e6:.0f} us, 1/beta = {bandwidth(beta) / 1e9:.2f} GB/s")
+              label=f"alpha + n*beta: alpha = {alpha * 1e6:.0f} us, "
+                    f"1/beta = {bandwidth(beta) / 1e9:.2f} GB/s")
     plots.bytes_axis(ax_t)
     ax_t.set_yscale("log")
     ax_t.set_xlabel("message size")
@@ -102,5 +103,5 @@ def draw():
         ax_bw.text(half, ax_bw.get_ylim()[0], f"n1/2 = alpha/beta = {human_bytes(half)} ",
                    fontsize=8, va="bottom", ha="right", color="gray")
     return [plots.finish(fig, NAME, "Point-to-point send/recv between 2 processes (gloo, one host)",
-                                facts, note=f"{rows[0]['repeats']} round trips per size; one-way time = "
-                                            "round trip / 2; line = least-squares fit on relative error")]
+                         facts, note=f"{rows[0]['repeats']} round trips per size; one-way time = "
+                                     "round trip / 2; line = least-squares fit on relative error")]

@@ -8,11 +8,12 @@ matplotlib.use("Agg")  # no display needed: figures are files
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from dist_sgd.bench import common  # noqa: E402
-from dist_sgd.scale.costmodel import human_bytes  # noqa: E402,F401 - tick labels, tables
+from dist_sgd.plumbing.figures import figure_path  # noqa: E402
+from dist_sgd.scale.costmodel import human_bytes  # noqa: E402
 
-COLORS = {"naive": "tab:gray", "tree": "tab:green", "ring": "tab:blue", "ring_pipelined": "tab:cyan",
-          "halving_doubling": "tab:purple", "gloo": "tab:red", "parameter_server": "tab:brown",
+COLORS = {"naive": "tab:gray", "tree": "tab:green", "ring": "tab:blue",
+          "ring_pipelined": "tab:cyan", "halving_doubling": "tab:purple", "gloo": "tab:red",
+          "parameter_server": "tab:brown",
           "single process": "black", "average_gradients": "tab:orange",
           "per-parameter hooks": "tab:olive", "our DDP": "tab:blue", "torch DDP": "tab:red",
           "our DataParallel": "tab:purple", "torch DataParallel": "tab:pink"}
@@ -50,7 +51,7 @@ def finish(fig, name, title, facts, note=None):
     fig.text(0.5, 0.005, caption, ha="center", va="bottom", fontsize=8.5, wrap=True)
     lines = caption.count("\n") + 1
     fig.tight_layout(rect=(0, 0.025 + 0.03 * lines, 1, 0.93))
-    path = common.figure_path(name + ".png")
+    path = figure_path(name + ".png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

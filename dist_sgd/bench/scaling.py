@@ -18,6 +18,7 @@ import os
 
 from dist_sgd.bench import common
 from dist_sgd.bench.steps import batch, build, make_steps
+from dist_sgd.plumbing.figures import read_csv
 from dist_sgd.plumbing.timing import summarize, time_alternating
 from dist_sgd.sgd import models
 
@@ -93,7 +94,7 @@ MARKERS = {"average_gradients": ("o", "-"), "our DDP": ("s", "--"), "torch DDP":
 def draw():
     from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
 
-    rows, facts = common.read_csv(NAME)
+    rows, facts = read_csv(NAME)
     cores = rows[0]["cores"]
     model_names = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plots.figure(4, len(model_names), width=4.4, height=4.0)
@@ -105,7 +106,8 @@ def draw():
             ps = sorted({r["world_size"] for r in sel})
             base = next(r for r in sel if r["strategy"] == "single process")
             for k, name in enumerate(STRATEGIES):
-                pts = sorted((r for r in sel if r["strategy"] == name), key=lambda r: r["world_size"])
+                pts = sorted((r for r in sel if r["strategy"] == name),
+                             key=lambda r: r["world_size"])
                 # side by side: the three strategies often measure alike and would hide each other
                 x = [r["world_size"] + 0.08 * (k - 1) for r in pts]
                 if what == "samples_per_s":
@@ -117,7 +119,8 @@ def draw():
                     lo = [r["efficiency"] * r["seconds"] / r["max"] for r in pts]
                     hi = [r["efficiency"] * r["seconds"] / r["min"] for r in pts]
                 marker, ls = MARKERS[name]
-                ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]],
+                ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)],
+                                        [b - a for a, b in zip(y, hi)]],
                             marker=marker, ls=ls, capsize=3, ms=5, color=plots.COLORS[name],
                             label=name, alpha=0.9)
             ax.plot(1, base[what], "*", color="black", ms=12, zorder=5,

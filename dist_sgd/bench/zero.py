@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from dist_sgd.bench import common
+from dist_sgd.plumbing.figures import read_csv, write_csv
 from dist_sgd.plumbing.launch import launch
 from dist_sgd.plumbing.timing import summarize, time_alternating
 from dist_sgd.sgd.models import BigNet
@@ -106,7 +106,7 @@ def measure(quick=False):
     for world_size in WORLD_SIZES:
         for ranks in zip(*launch(_worker, world_size, quick, backend="gloo")):
             rows.extend(ranks)  # every rank's row: the memory is per rank
-    common.write_csv(NAME, _fill(rows))
+    write_csv(NAME, _fill(rows))
     return rows
 
 
@@ -151,7 +151,8 @@ def report(rows):
                 print(f"      step time, ours broadcast / torch ZeroRedundancyOptimizer: "
                       f"{r['ours_broadcast_ms']:.1f} / {r['torch_ZeroRedundancyOptimizer_ms']:.1f} "
                       f"ms = {ratio:.2f}x"
-                      f"; torch's with parameters_as_bucket_view {r['torch_ZeRO_bucket_view_ms']:.1f} "
+                      "; torch's with parameters_as_bucket_view "
+                      f"{r['torch_ZeRO_bucket_view_ms']:.1f} "
                       f"ms, ours all_gather {r['ours_all_gather_ms']:.1f} ms, plain Adam "
                       f"{r['plain_Adam_ms']:.1f} ms (medians of {r['repeats']})")
 
@@ -159,7 +160,7 @@ def report(rows):
 def draw():
     from dist_sgd.bench import plots  # matplotlib: only where we draw (ranks never need it)
 
-    rows, facts = common.read_csv(NAME)
+    rows, facts = read_csv(NAME)
     report(rows)
     fig, axes = plots.figure(3)
     ax_mem, ax_bytes, ax_time = axes[0]
@@ -170,7 +171,8 @@ def draw():
         worst = [max(r["zero_state_bytes"] for r in sizes[p]) / 2**20 for p in ps]
         best = [min(r["zero_state_bytes"] for r in sizes[p]) / 2**20 for p in ps]
         line, = ax_mem.plot(ps, worst, marker + "-", label=f"{model}: ZeRO-1, largest shard")
-        ax_mem.plot(ps, best, marker + ":", color=line.get_color(), label=f"{model}: smallest shard")
+        ax_mem.plot(ps, best, marker + ":", color=line.get_color(),
+                    label=f"{model}: smallest shard")
         ax_mem.plot(ps, [b / p for b, p in zip(plain, ps)], "--", color=line.get_color(), lw=0.8,
                     label=f"{model}: plain / p")
         ax_mem.plot(ps, plain, marker, color=line.get_color(), mfc="none",
@@ -206,6 +208,6 @@ def draw():
     for ax in axes[0]:
         ax.set_xticks(ps)
     return [plots.finish(fig, NAME, "ZeRO-1: Adam's state sharded over p ranks (gloo, one host)",
-                                facts, note=f"bytes counted exactly; times alternated, medians of "
-                                            f"{timed[ps[0]][0]['repeats']} (slowest rank), on a shared, "
-                                            "loaded machine")]
+                         facts, note=f"bytes counted exactly; times alternated, medians of "
+                                     f"{timed[ps[0]][0]['repeats']} (slowest rank), on a shared, "
+                                     "loaded machine")]

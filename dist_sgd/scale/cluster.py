@@ -2,7 +2,8 @@
 
     sudo python -m dist_sgd.scale.cluster --nodes 2 --rate 1gbit -- \\
         'torchrun --nnodes $NNODES --node-rank $NODE_RANK --nproc-per-node 1 \\
-                  --master-addr $MASTER_ADDR --master-port $MASTER_PORT lessons/07_ddp_from_scratch.py'
+                  --master-addr $MASTER_ADDR --master-port $MASTER_PORT \\
+                  lessons/07_ddp_from_scratch.py'
 
     with Cluster(2, rate="1gbit") as cluster:          # the same from Python
         cluster.run([sys.executable, "train.py"])      # once in every node; raises if one fails
@@ -61,6 +62,15 @@ IFNAME = "eth0"  # each node's interface (names are per namespace: no clash with
 NETNS_ETC = "/etc/netns"  # `ip netns exec NAME` bind-mounts /etc/netns/NAME/* over /etc/*
 _RATE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?)(bit|bps)?\s*$", re.IGNORECASE)
 
+# The links lesson 10 and the benchmark's network parts scale on: SCALING_RATE each way through
+# tbf with a token bucket of SCALING_BURST bytes. tbf's default bucket (128 KiB at 100 Mbit/s)
+# lets a message's first 128 KiB leave at memory speed after any pause: a 1 MiB ping-pong then
+# runs 8% faster than the link can carry (measured), which is no link at all. A bucket just
+# above the biggest packet TCP hands a veth (64 KiB, GSO) is the least tbf can take without
+# cutting packets (a 16-32 KB bucket cut them, and 16 nodes became CPU-bound: 61% of the link,
+# measured): 1 MiB then gains 5%, 4 MiB 1%.
+SCALING_RATE, SCALING_BURST = "100mbit", 70_000
+
 
 class ClusterError(RuntimeError):
     """The cluster could not be built, or a node failed (`.nodes` lists which)."""
@@ -80,6 +90,12 @@ def parse_rate(rate):
     return bits
 
 
+def link_goodput(rate_bits, mtu=1500):
+    """Bytes/s of TCP payload a link of rate_bits can carry: each frame of mtu + 14 bytes
+    (Ethernet header) carries mtu - 52 (IP 20, TCP 20 + 12 of timestamps): 95.6% at 1500."""
+    return rate_bits / 8 * (mtu - 52) / (mtu + 14)
+
+
 def _sh(*argv, check=True):
     """Run one ip/tc command; raise ClusterError with its own error message when it fails."""
     proc = subprocess.run(argv, capture_output=True, text=True)
@@ -92,16 +108,16 @@ def privilege_problem():
     """None when namespaces can be made here, else one sentence saying what is missing."""
     missing = [tool for tool in ("ip", "tc", "unshare") if shutil.which(tool) is None]
     if missing:
-        return (f"dist_sgd.scale.cluster needs iproute2's `ip` and `tc` and util-linux's `unshare`; "
-                f"missing: {', '.join(missing)}.")
+        return ("dist_sgd.scale.cluster needs iproute2's `ip` and `tc` and util-linux's "
+                f"`unshare`; missing: {', '.join(missing)}.")
     probe = f"{PREFIX}{os.getpid()}probe"
     try:
         made = _sh("ip", "netns", "add", probe, check=False)
     finally:
         _sh("ip", "netns", "del", probe, check=False)  # also when a Ctrl-C lands in between
     if made.returncode != 0:
-        return ("dist_sgd.scale.cluster needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) to create network "
-                "namespaces: run it with sudo, or in a container started with --privileged "
+        return ("dist_sgd.scale.cluster needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) to create "
+                "network namespaces: run it with sudo, or in a container started with --privileged "
                 f"(ip netns add said: {made.stderr.strip()}).")
     return None
 
@@ -498,7 +514,8 @@ def main(argv=None):
             print(problem, file=sys.stderr)
             return 2
         removed = cleanup_stale()
-        print(f"removed {len(removed)} namespace(s) left behind" + (": " + ", ".join(removed) if removed else ""))
+        print(f"removed {len(removed)} namespace(s) left behind"
+              + (": " + ", ".join(removed) if removed else ""))
         return 0
     if not cmd:
         parser.error("give the command to run after --")
@@ -512,8 +529,9 @@ def main(argv=None):
     try:
         with cluster:
             shown = cmd if isinstance(cmd, str) else shlex.join(cmd)
+            links = f"at {args.rate} ({int(rate) / 1e6:g} Mbit/s)" if rate else "unshaped"
             print(f"[cluster] {args.nodes} node(s) {', '.join(cluster.addresses)} on a bridge, "
-                  f"links {'at ' + args.rate + f' ({int(rate) / 1e6:g} Mbit/s)' if rate else 'unshaped'}; "
+                  f"links {links}; "
                   f"MASTER_ADDR={cluster.master_addr} MASTER_PORT={cluster.master_port}; "
                   f"running: {shown}", flush=True)
             codes = cluster.run(cmd, timeout=args.timeout, check=False)

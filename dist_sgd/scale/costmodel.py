@@ -37,7 +37,8 @@ With p = 1 there is nobody to talk to: every algorithm costs 0.
 
 Coefficients assume full-duplex links (a send and a receive at the same time cost one
 message) and that steps of different ranks run concurrently. `fit_alpha_beta` turns measured
-(bytes, seconds) into alpha and beta; `predict_all_reduce` turns them into a time.
+(bytes, seconds) into alpha and beta (`fit_shaped_link`: the same on a tbf-shaped emulated
+link); `predict_all_reduce` turns them into a time.
 """
 import math
 
@@ -156,6 +157,37 @@ def fit_all_reduce(algorithms, nbytes, world_sizes, seconds, gamma=0.0):
         raise ValueError("gamma alone explains more than the measured time: is gamma too big?")
     alpha, beta = _weighted_fit([coef[:, 0], n * coef[:, 1]], target)
     return float(alpha), float(beta)
+
+
+def shaped_link_sizes(quick=False):
+    """The ping-pong sizes fit_shaped_link needs: two of >= 2 MiB (for beta) and some of
+    <= 1 KiB (for alpha); quick: smaller big ones, faster."""
+    MiB = 2 ** 20
+    return (64, 2 ** 10, 2 * MiB, 4 * MiB) if quick else (64, 2 ** 10, 4 * MiB, 16 * MiB)
+
+
+def fit_shaped_link(rows):
+    """(alpha, beta) of a link shaped by tc's tbf (dist_sgd.scale.cluster), from ping-pong
+    medians (dicts with "bytes" and "seconds", as dist_sgd.comm.p2p.ping_pong returns them),
+    each number from the sizes that show it: beta = the slope of a line through the messages
+    of >= 2 MiB, alpha = the median over messages of <= 1 KiB of their time less bytes * beta.
+
+    fit_alpha_beta's one line through all sizes would let the small messages' noise (+-50 us
+    on a 2-core machine) tilt beta, and the big ones cannot give alpha: after any pause tbf's
+    bucket lets a message's first 70 KB leave at memory speed, which shifts every big message
+    by the same 5.8 ms (at 100 Mbit/s) and leaves their slope alone; in between, the bucket is
+    most of the message (64 KiB crosses at 3x the link's rate), an artefact no real link has
+    and a busy all-reduce never sees.
+    """
+    big = [r for r in rows if r["bytes"] >= 2 * 2 ** 20]
+    small = [r for r in rows if r["bytes"] <= 2 ** 10]
+    if len({r["bytes"] for r in big}) < 2 or not small:
+        raise ValueError("the fit needs ping-pong medians at two sizes >= 2 MiB and one <= 1 KiB")
+    beta = float(np.polyfit([r["bytes"] for r in big], [r["seconds"] for r in big], 1)[0])
+    if beta <= 0:
+        raise ValueError(f"the big messages give a slope of {beta:.3g} s/byte: not a link")
+    alpha = float(np.median([r["seconds"] - r["bytes"] * beta for r in small]))
+    return max(alpha, 0.0), beta
 
 
 def bandwidth(beta):
