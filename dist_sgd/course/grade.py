@@ -23,6 +23,7 @@ with a short timeout on each operation and a deadline for the whole run: a hang,
 NotImplementedError is a failed check naming its rank, never a hang.
 """
 import importlib
+import json
 import os
 import re
 import time
@@ -41,6 +42,10 @@ COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_in
 SENDS, RECEIVES = ("isend", "send"), ("irecv", "recv")
 HANG_HINT = ("a rank waited for a message that never came: post each receive before the send "
              "it pairs with, and have every rank make the same calls in the same order")
+
+
+class CaseFailed(Exception):
+    """A case that failed on this rank while its group broke: its (line, hints) as JSON."""
 
 
 class Failure(AssertionError):
@@ -245,19 +250,51 @@ def _load(exercise, impl):
     return types.SimpleNamespace(**{s: getattr(module, s) for s in exercise.symbols})
 
 
-def run_case(rank, world_size, grader_module, title, impl):
-    """One case on one rank (launch()'s fn): None when it held, else (line, hints)."""
-    _Watch.install()
-    grader = importlib.import_module(grader_module).grader
+def _run_one(grader, title, rank, world_size, impl):
+    """One case on this rank: None when it held, else (line, hints)."""
+    where = f"{grader.exercise.name}, world size {world_size}, rank {rank}, {title}"
     try:
         ctx = Context(grader, title, rank, world_size, _load(grader.exercise, impl))
         grader.cases[title].run(ctx)
     except Failure as failure:
-        if not failure.line.startswith(f"{grader.exercise.name}, world size"):
-            failure.line = f"{grader.exercise.name}, world size {world_size}, rank {rank}, " \
-                           f"{title}: {failure.line}"
-        return failure.line, failure.hints
+        line = failure.line if failure.line.startswith(f"{grader.exercise.name}, world size") \
+            else f"{where}: {failure.line}"
+        return line, failure.hints
+    except Exception as error:  # noqa: BLE001 - the piece's own error: reported as a failure
+        import traceback
+        text = traceback.format_exc()
+        if _TIMED_OUT.search(text):  # a peer never answered: torch's timeout, raised here
+            return f"{where}: {NO_ANSWER} a receive or collective timed out", [grader.hang_hint]
+        return f"{where}: {_exception_line(text).split('; hint:')[0]}", _error_hints(grader, text)
     return None
+
+
+def run_cases(rank, world_size, grader_module, titles, impl, progress):
+    """Cases one after the other on one rank (launch()'s fn): [(title, None or (line, hints)
+    on this rank, whether it failed on any rank)]. After each case the ranks compare notes and
+    stop together at the first that failed anywhere; `progress` (a file) says which case
+    runs, so a hang is pinned on its case."""
+    import torch.distributed as dist
+
+    _Watch.install()
+    grader = importlib.import_module(grader_module).grader
+    done = []
+    for title in titles:
+        if rank == 0:
+            with open(progress, "a") as f:
+                f.write(title + "\n")
+        status = _run_one(grader, title, rank, world_size, impl)
+        everyone = [None] * world_size
+        try:
+            dist.all_gather_object(everyone, status is not None)
+        except Exception:  # the peers' timeouts broke the group: say what happened here
+            if status is not None and NO_ANSWER not in status[0]:
+                raise CaseFailed(json.dumps(status)) from None
+            raise
+        done.append((title, status, any(everyone)))
+        if any(everyone):
+            break
+    return done
 
 
 # ---- in the process that grades ---------------------------------------------------------------
@@ -272,6 +309,8 @@ class Result:
     hung: bool = False
 
 
+_TIMED_OUT = re.compile(r"[Tt]imed? ?out|timeout")
+NO_ANSWER = "no answer within the time limit:"
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failure|Interrupt|Exit)\b.*")
 
 
@@ -284,57 +323,94 @@ def _exception_line(tb):
     return ""
 
 
+def _error_hints(grader, text):
+    """The hints for an exception, from its text: NotImplementedError, or the grader's own."""
+    if "NotImplementedError" in text:
+        return [f"write the part marked NotImplementedError (python3 -m dist_sgd.course hint "
+                f"{grader.exercise.name})"]
+    return [hint for key, hint in grader.error_hints.items() if key in text][:2]
+
+
 def _from_rank_error(grader, title, world_size, error):
     """A RankError (a rank raised, died or hung) as a Result naming the rank."""
     tb = error.tracebacks.get(error.rank, "") or ""
+    failed = re.search(r"CaseFailed: (.*)", tb)
+    if failed:  # a failure this rank reported itself, after which its peers gave up waiting
+        line, hints = json.loads(failed.group(1))
+        return Result(title, world_size, False, line, hints)
     text = _exception_line(tb) or str(error).splitlines()[0]
     first = str(error).splitlines()[0]
-    hung = "deadline" in first or bool(re.search(r"[Tt]imed? ?out|timeout", tb + first))
+    hung = "deadline" in first or bool(_TIMED_OUT.search(tb + first))
     hints = []
     if "NotImplementedError" in text:
         hints.append(f"write the part marked NotImplementedError (python3 -m dist_sgd.course "
                      f"hint {grader.exercise.name})")
         text = text.split("; hint:")[0]
     elif hung:
-        text = "no answer within the time limit: " + ("it did not finish" if "deadline" in first
-                                                      else "a receive or collective timed out")
+        text = f"{NO_ANSWER} " + ("it did not finish" if "deadline" in first
+                                  else "a receive or collective timed out")
         hints.append(grader.hang_hint)
     else:
-        hints += [hint for key, hint in grader.error_hints.items() if key in tb]
+        hints += _error_hints(grader, tb)
     line = f"{grader.exercise.name}, world size {world_size}, rank {error.rank}, {title}: {text}"
     return Result(title, world_size, False, line[:400], hints[:2], hung)
 
 
 def run_grader(name, impl, world_sizes=None, titles=None, on_result=None):
-    """Grade exercise `name`'s implementation `impl` (see _load); a list of Results. A case
-    that fails at one world size is not run at larger ones; after a hang nothing more runs."""
+    """Grade exercise `name`'s implementation `impl` (see _load); a list of Results, case by
+    case in the grader's order. At each world size the cases run one after the other in one
+    spawned group; the first that fails anywhere ends that group, and the rest go on in a
+    fresh one. A case that fails at one world size is not run at larger ones; after a hang
+    nothing more runs."""
+    import tempfile
+
     from dist_sgd.plumbing.launch import RankError, launch
 
     grader = importlib.import_module(get(name).grader).grader
     sizes = tuple(world_sizes or grader.exercise.world_sizes)
-    results = []
-    for title, case in grader.cases.items():
-        if titles is not None and title not in titles:
+    wanted = [t for t in grader.cases if titles is None or t in titles]
+    failed, found = set(), {}
+    for ws in sorted({w for t in wanted for w in (grader.cases[t].world_sizes or sizes)}):
+        if world_sizes is not None and ws not in sizes:
             continue
-        for ws in case.world_sizes or sizes:
-            if ws not in sizes and world_sizes is not None:
-                continue
-            try:
-                out = launch(run_case, ws, grader.exercise.grader, title, impl,
-                             timeout=OPERATION_TIMEOUT, deadline=CASE_DEADLINE)
-                failed = next(((r, o) for r, o in enumerate(out) if o is not None), None)
-                result = Result(title, ws, True) if failed is None else \
-                    Result(title, ws, False, failed[1][0], list(failed[1][1]))
-            except RankError as error:
-                result = _from_rank_error(grader, title, ws, error)
-            results.append(result)
-            if on_result:
-                on_result(result)
-            if not result.ok:
-                break
-        if results and results[-1].hung:
-            break
-    return results
+        todo = [t for t in wanted if ws in (grader.cases[t].world_sizes or sizes)
+                and t not in failed]
+        while todo:
+            with tempfile.NamedTemporaryFile("r", suffix=".progress") as progress:
+                try:
+                    out = launch(run_cases, ws, grader.exercise.grader, todo, impl,
+                                 progress.name, timeout=OPERATION_TIMEOUT,
+                                 deadline=CASE_DEADLINE + OPERATION_TIMEOUT * len(todo))
+                    ran = []
+                    for i, (title, _, anywhere) in enumerate(out[0]):
+                        bad = [o[i][1] for o in out if o[i][1] is not None]
+                        # A rank's own error over its peers' timeouts (they waited for it).
+                        bad = next((b for b in bad if NO_ANSWER not in b[0]), bad[0] if bad
+                                   else None)
+                        line, hints = bad or (f"{name}, world size {ws}, {title}: a rank "
+                                              "failed", [])
+                        ran.append(Result(title, ws, True) if not anywhere else
+                                   Result(title, ws, False, line, list(hints), NO_ANSWER in line))
+                except RankError as error:
+                    started = [line.strip() for line in progress if line.strip()]
+                    ran = [Result(t, ws, True) for t in started[:-1]]
+                    ran.append(_from_rank_error(grader, started[-1] if started else todo[0],
+                                                ws, error))
+            for result in ran:
+                found[(result.title, ws)] = result
+                if on_result:
+                    on_result(result)
+                if not result.ok:
+                    failed.add(result.title)
+                if result.hung:
+                    return _in_order(found, wanted)
+            todo = todo[len(ran):]
+    return _in_order(found, wanted)
+
+
+def _in_order(found, titles):
+    """Results by case (the grader's order), then world size."""
+    return [found[key] for key in sorted(found, key=lambda k: (titles.index(k[0]), k[1]))]
 
 
 def report(name, results, elapsed=None):
