@@ -18,9 +18,11 @@ without them, and the bytes it sends counted. A failed expectation is one line:
     (tolerance 1e-05)
       hint: the result is p = 3 times too big: summed but not divided by the world size
 
-Every (case, world size) is its own spawned group (milliseconds once the fork server is up),
-with a short timeout on each operation and a deadline for the whole run: a hang, a crash or
-NotImplementedError is a failed check naming its rank, never a hang.
+At each world size the cases run one after the other in one spawned group (milliseconds to
+start once the fork server is up); the ranks compare notes after each case and stop together
+at the first failure, and the rest go on in a fresh group. A short timeout on each operation
+and a deadline for the whole run make a hang, a crash or NotImplementedError a failed check
+naming its rank, never a hang.
 """
 import importlib
 import json
