@@ -53,8 +53,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from dist_sgd.comm import collectives
+from dist_sgd.comm.ordered import start_all_reduce
 from dist_sgd.ddp.bucketed import BucketedDDP
-from dist_sgd.ddp.hooks import start_all_reduce
 from dist_sgd.ddp.steps import HookDDP, NaiveDDP
 from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.figures import figure_path

@@ -8,4 +8,6 @@
     ring_pipelined  the ring tuned for big tensors (speed work beside the textbook ring)
     ringviz         the ring replayed from its trace: a table and a GIF
     flat            many tensors as one flat buffer and back (buckets, flat all-reduces)
+    ordered         collectives issued in one order per process: in_order, start_all_reduce
+                    (DDP's and FSDP's, also from callbacks and a helper thread)
 """

@@ -34,16 +34,16 @@ Extension points (dist_sgd.ddp.ddp.DistributedDataParallel holds this class and 
         With a reduce, gradients are copied unscaled (torch's comm hooks divide themselves).
     on_event(event, **fields): called at "hook", "launch", "done", "flush" and "synchronized".
     sync: False makes the next backward only accumulate local gradients (no_sync).
-Every collective goes through hooks.in_order: a reduce may issue more from callbacks, later.
+Every collective goes through in_order (dist_sgd.comm.ordered): a reduce may issue more from
+callbacks, later.
 """
-import weakref
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from dist_sgd.comm.flat import views
-from dist_sgd.ddp.hooks import call_when_backward_ends, in_order
+from dist_sgd.comm.ordered import in_order
+from dist_sgd.ddp.hooks import call_when_backward_ends, hook_gradients
 from dist_sgd.plumbing.rank import world
 from dist_sgd.sgd.sync import broadcast_parameters
 
@@ -100,13 +100,7 @@ class BucketedDDP(nn.Module):
         groups = assign_buckets(self._params, [float("inf")] if rebuild_buckets else self._caps)
         self._build(self._params, sorted(groups, key=min)[::-1])  # as torch: last layers first
         self._used, self._order, self._next, self._counts = set(), [], 0, None
-        ddp = weakref.ref(self)  # the hooks must not keep a dropped wrapper alive
-
-        def hook(param):
-            if ddp() is not None:
-                ddp()._grad_ready(param)
-
-        self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in self._params]
+        self._hooks = hook_gradients(self._params, self._grad_ready)
 
     def _build(self, order, groups):
         self.buckets = [Bucket(i, [order[j] for j in g], [self._names[order[j]] for j in g])

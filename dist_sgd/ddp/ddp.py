@@ -1,4 +1,4 @@
-"""DistributedDataParallel with torch's interface, built around the core of lesson 07.
+"""DistributedDataParallel with torch's interface, built on the core of lesson 07.
 
     model = DistributedDataParallel(Net())      # inside a process group; torch's arguments
     loss = F.nll_loss(model(x), y)               # forward: buffers broadcast, then the module's
@@ -7,11 +7,11 @@
 
 The idea is all in dist_sgd/ddp/bucketed.py (BucketedDDP: buckets in torch's layout, filled by
 gradient hooks, all-reduced in order during backward, unused parameters flushed and counted).
-This wrapper holds one BucketedDDP and adds, through the core's extension points only (it
-overrides none of its methods), what a training loop written for torch's DDP expects:
+This wrapper is a BucketedDDP and adds, through the core's extension points and a longer
+forward, what a training loop written for torch's DDP expects:
 
     torch's constructor arguments   accepted with torch's meaning, or refused by name (arguments.py)
-    register_comm_hook(state, hook) the core's `reduce`: torch's hook contract, GradBucket included
+    register_comm_hook(state, hook) the core's `reduce`: torch's hook contract (GradBucket)
     all_reduce=                     a hand-written all-reduce, as a comm hook on a helper thread
     no_sync()                       the core's `sync`, decided in forward as torch decides it
     buffers                         rank 0's buffers broadcast before every forward (torch's)
@@ -27,14 +27,14 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
+from dist_sgd.comm.ordered import start_all_reduce
 from dist_sgd.ddp.arguments import check_torch_arguments, single_device, to_device
 from dist_sgd.ddp.bucketed import BucketedDDP
-from dist_sgd.ddp.hooks import GradBucket, all_reduce_hook
+from dist_sgd.ddp.grad_bucket import GradBucket
 
 
-class DistributedDataParallel(nn.Module):
+class DistributedDataParallel(BucketedDDP):
     """torch.nn.parallel.DistributedDataParallel's interface around BucketedDDP.
 
     DistributedDataParallel(module, bucket_cap_mb=None, all_reduce=None, **torch_arguments):
@@ -49,29 +49,16 @@ class DistributedDataParallel(nn.Module):
     def __init__(self, module, bucket_cap_mb=None, all_reduce=None, *, device_ids=None,
                  output_device=None, broadcast_buffers=True, init_sync=True,
                  find_unused_parameters=False, **torch_arguments):
-        super().__init__()
         check_torch_arguments(module, bucket_cap_mb, torch_arguments)  # refused up front
-        self._device = single_device(module, device_ids, output_device)
-        self.module = module  # state_dict keys "module.*", as torch's
-        # Not a submodule (set in __dict__): the core holds the same module, whose parameters
-        # would otherwise appear twice in state_dict().
-        self.__dict__["core"] = BucketedDDP(module, bucket_cap_mb, init_sync=init_sync,
-                                            rebuild_buckets=not find_unused_parameters)
+        device = single_device(module, device_ids, output_device)
+        super().__init__(module, bucket_cap_mb, init_sync=init_sync,
+                         rebuild_buckets=not find_unused_parameters)
+        self._device = device
         self.broadcast_buffers = broadcast_buffers
         self.require_backward_grad_sync = True  # no_sync() turns it off; forward passes it on
         self._trace, self._comm_hook = None, None
         if all_reduce is not None and all_reduce is not dist.all_reduce:
-            self.register_comm_hook(None, all_reduce_hook(all_reduce))
-
-    @property
-    def buckets(self):
-        return self.core.buckets
-
-    def finish_gradient_synchronization(self):
-        self.core.finish_gradient_synchronization()
-
-    def remove_hooks(self):
-        self.core.remove_hooks()
+            self.register_comm_hook(None, _all_reduce_hook(all_reduce))
 
     # ---- communication hooks (torch's contract) ----------------------------------------------
 
@@ -86,12 +73,13 @@ class DistributedDataParallel(nn.Module):
         if not callable(hook):
             raise TypeError(f"hook must be callable as hook(state, bucket), got {hook!r}")
         self._comm_hook = (state, hook)
-        self.core.reduce = self._run_comm_hook
+        self.reduce = self._run_comm_hook
 
     def _run_comm_hook(self, bucket):
         state, hook = self._comm_hook
-        is_last = bucket.index == len(self.core.buckets) - 1
-        future = hook(state, GradBucket(bucket.index, bucket.flat, bucket.params, is_last))
+        is_last = bucket.index == len(self.buckets) - 1
+        future = hook(state, GradBucket(bucket.index, bucket.flat, bucket.params, is_last,
+                                        params=bucket.params))
         if not isinstance(future, torch._C.Future):  # torch.futures.Future or its C++ base
             raise TypeError(f"the communication hook {hook!r} returned {type(future)}, "
                             "not a torch.futures.Future")
@@ -104,7 +92,7 @@ class DistributedDataParallel(nn.Module):
         # As torch's: whether the coming backward synchronizes is decided here, so a forward
         # inside no_sync() followed by a backward outside it still only accumulates.
         if torch.is_grad_enabled():
-            self.core.sync = self.require_backward_grad_sync
+            self.sync = self.require_backward_grad_sync
         if self.broadcast_buffers:  # torch's default: rank 0's buffers before every forward
             with torch.no_grad():
                 for buffer in self.module.buffers():
@@ -132,7 +120,7 @@ class DistributedDataParallel(nn.Module):
     @trace.setter
     def trace(self, events):
         self._trace = events
-        self.core.on_event = None if events is None else self._record
+        self.on_event = None if events is None else self._record
 
     def _record(self, event, **fields):
         self._trace.append(dict(event=event, t=time.perf_counter(), **fields))
@@ -144,3 +132,15 @@ def _flat_result(value, numel, hook):
                         f"flat tensor ({numel} elements), got {type(value).__name__} "
                         f"{tuple(getattr(value, 'shape', ()))}")
     return value
+
+
+def _all_reduce_hook(all_reduce):
+    """A comm hook that averages a bucket with a hand-written, blocking `all_reduce`: divide
+    first, as torch's allreduce_hook does, then sum on the shared helper thread."""
+
+    def hook(state, bucket):
+        flat = bucket.buffer()
+        flat.div_(dist.get_world_size())
+        return start_all_reduce(flat, all_reduce)
+
+    return hook

@@ -2,7 +2,7 @@
 
 All three wrappers are used the same way, so the training loop never changes:
 
-    model = Wrapper(Net())            # NaiveDDP, HookDDP or ddp.DistributedDataParallel
+    model = Wrapper(Net())            # NaiveDDP, HookDDP or bucketed.BucketedDDP
     loss.backward()
     model.finish_gradient_synchronization()   # step 1 does all its work here; 2 and 3 are done
     opt.step()
@@ -15,17 +15,18 @@ while earlier layers' gradients are still being computed. One message per parame
 many small messages each pay the network's start-up latency. And it assumes every rank
 produces every gradient, in the same order: a parameter unused on one rank only makes the
 ranks pair up different all-reduces (an error, or a hang until the timeout).
-Step 3, dist_sgd.ddp.ddp.DistributedDataParallel: the same hooks, but gradients are packed into
-buckets of ~25 MiB, launched strictly in bucket order, and unused parameters are flushed at the
-end of backward: fewer, larger messages, still overlapped, and no hang.
+Step 3, the core BucketedDDP (dist_sgd/ddp/bucketed.py): the same hooks, but gradients are
+packed into buckets in torch's layout, launched strictly in bucket order, and unused parameters
+are flushed at the end of backward: fewer, larger messages, still overlapped, and no hang.
+(dist_sgd.ddp.ddp.DistributedDataParallel puts torch's interface around that core.)
 """
 import time
-import weakref
 
 import torch.distributed as dist
 import torch.nn as nn
 
-from dist_sgd.ddp.hooks import call_when_backward_ends, start_all_reduce
+from dist_sgd.comm.ordered import start_all_reduce
+from dist_sgd.ddp.hooks import call_when_backward_ends, hook_gradients
 from dist_sgd.sgd.sync import average_gradients, broadcast_parameters
 
 
@@ -55,14 +56,8 @@ class HookDDP(nn.Module):
         broadcast_parameters(module, src=0)
         self._names = {p: n for n, p in module.named_parameters()}
         self._futures = []  # the all-reduces in flight
-        ddp = weakref.ref(self)  # the hooks must not keep a dropped wrapper alive
-
-        def hook(param):
-            if ddp() is not None:
-                ddp()._grad_ready(param)
-
-        self._hooks = [p.register_post_accumulate_grad_hook(hook)
-                       for p in module.parameters() if p.requires_grad]
+        self._hooks = hook_gradients([p for p in module.parameters() if p.requires_grad],
+                                     self._grad_ready)
 
     def forward(self, *inputs, **kwargs):
         return self.module(*inputs, **kwargs)
