@@ -12,7 +12,8 @@ Two families:
   tied, a buffer, and a layer some ranks use in some steps and no rank in others;
 - equal to torch's DDP bit for bit (rtol=0, atol=0) at world sizes 2, 3 and 4, with and
   without torch's own comm hooks (Odd, float32: odd shapes, frozen, tied, sometimes unused):
-  equal buckets in equal order make gloo add the same numbers in the same order.
+  equal buckets in equal order make gloo add the same numbers in the same order; torch's
+  timing of the buffer broadcast.
 """
 import functools
 import itertools
@@ -643,6 +644,39 @@ def layout_vs_torch(rank, world_size, ref, layout):
 @pytest.mark.parametrize("layout", list(LAYOUT_RUNS))
 def test_buckets_are_torchs_at_every_step(layout):
     held(3, layout_vs_torch, layout=layout)  # rank 0's ready order, broadcast: any world size
+
+
+@in_group(AT_TORCH)
+def buffers_vs_torch(rank, world_size, ref):
+    # torch broadcasts rank 0's buffers before a forward only if the forward before it set up
+    # a backward that synchronizes: after a forward inside no_sync(), or one under no_grad()
+    # (train mode: BatchNorm still updates its statistics), each rank keeps its own.
+    def run(wrap):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2))
+        ddp, seen = wrap(model), []
+        for step in range(6):
+            x = torch.randn(5, 4, generator=torch.Generator().manual_seed(10 * step + rank))
+            if step == 1:
+                with ddp.no_sync():
+                    ddp(x).sum().backward()
+            elif step == 3:
+                with torch.no_grad():
+                    ddp(x)
+            else:
+                ddp(x).sum().backward()
+            seen.append([b.clone() for b in model.buffers()])
+        dist.barrier()
+        return seen
+
+    ours, theirs = run(DistributedDataParallel), run(TorchDDP)
+    for step, (a, b) in enumerate(zip(ours, theirs)):
+        assert_close(a, b, rtol=0, atol=0, msg=lambda m: f"buffers after step {step}: {m}")
+
+
+@ws(AT_TORCH)
+def test_buffers_broadcast_when_torch_broadcasts_them(world_size):
+    held(world_size, buffers_vs_torch)
 
 
 # ---- PowerSGD on several buckets ------------------------------------------------------------

@@ -14,7 +14,7 @@ forward, what a training loop written for torch's DDP expects:
     register_comm_hook(state, hook) the core's `reduce`: torch's hook contract (GradBucket)
     all_reduce=                     a hand-written all-reduce, as a comm hook on a helper thread
     no_sync()                       the core's `sync`, decided in forward as torch decides it
-    buffers                         rank 0's buffers broadcast before every forward (torch's)
+    buffers                         rank 0's buffers broadcast before a forward, when torch's are
     device_ids / output_device      inputs moved to the module's one device
     .trace                          the core's `on_event`: when each hook, launch, done happened
 
@@ -56,6 +56,9 @@ class DistributedDataParallel(BucketedDDP):
         self._device = device
         self.broadcast_buffers = broadcast_buffers
         self.require_backward_grad_sync = True  # no_sync() turns it off; forward passes it on
+        # torch's: False after a forward that set up no synchronizing backward (inside no_sync,
+        # or under torch.no_grad()); the next forward then skips the buffer broadcast.
+        self.require_forward_param_sync = True
         self._trace, self._comm_hook = None, None
         if all_reduce is not None and all_reduce is not dist.all_reduce:
             self.register_comm_hook(None, _all_reduce_hook(all_reduce))
@@ -93,13 +96,19 @@ class DistributedDataParallel(BucketedDDP):
         # inside no_sync() followed by a backward outside it still only accumulates.
         if torch.is_grad_enabled():
             self.sync = self.require_backward_grad_sync
-        if self.broadcast_buffers:  # torch's default: rank 0's buffers before every forward
+        # torch's rule: rank 0's buffers before a forward, unless the previous forward set up
+        # no synchronizing backward (inside no_sync(), or a train-mode forward under no_grad):
+        # then each rank keeps the running statistics that forward left it.
+        if self.broadcast_buffers and self.require_forward_param_sync:
             with torch.no_grad():
                 for buffer in self.module.buffers():
                     dist.broadcast(buffer, 0)
         if self._device is not None:
             inputs, kwargs = to_device((inputs, kwargs), self._device)
-        return self.module(*inputs, **kwargs)
+        output = self.module(*inputs, **kwargs)
+        self.require_forward_param_sync = torch.is_grad_enabled() and \
+            self.require_backward_grad_sync
+        return output
 
     @contextlib.contextmanager
     def no_sync(self):
