@@ -13,7 +13,7 @@ Two families:
 - equal to torch's DDP bit for bit (rtol=0, atol=0) at world sizes 2, 3 and 4, with and
   without torch's own comm hooks (Odd, float32: odd shapes, frozen, tied, sometimes unused):
   equal buckets in equal order make gloo add the same numbers in the same order; torch's
-  timing of the buffer broadcast.
+  timing of the rebuild (static_graph) and of the buffer broadcast.
 """
 import functools
 import itertools
@@ -531,16 +531,18 @@ BUCKETS = {False: "rebuilt", True: "unused"}  # find_unused_parameters -> the te
 
 
 @functools.lru_cache(maxsize=None)  # per rank process: torch's run, shared by the cases
-def torch_odd_run(rank, cap, unused, hook_name):
+def torch_odd_run(rank, cap, unused, hook_name, static_graph=False):
     hook = TORCH_HOOKS[hook_name]
-    return odd_run(lambda m: TorchDDP(m, bucket_cap_mb=cap, find_unused_parameters=unused),
+    return odd_run(lambda m: TorchDDP(m, bucket_cap_mb=cap, find_unused_parameters=unused,
+                                      static_graph=static_graph),
                    rank, unused, None if hook is None else (None, hook))
 
 
 @in_group(AT_TORCH, layout=list(LAYOUTS), unused=[False, True])
 def core_vs_torch(rank, world_size, ref, layout, unused):
     cap = LAYOUTS[layout]
-    ours = odd_run(lambda m: BucketedDDP(m, cap, rebuild_buckets=not unused), rank, unused)
+    ours = odd_run(lambda m: BucketedDDP(m, cap, rebuild_after=None if unused else 1), rank,
+                   unused)
     same(ours, torch_odd_run(rank, cap, unused, "no hook"), "core vs torch DDP", rtol=0, atol=0)
 
 
@@ -594,6 +596,23 @@ def test_torch_fp16_compress_hook_on_our_ddp_equals_torch_ddp_bit_for_bit_ws3_4k
     held(3, ours_vs_torch, layout="4 KB", unused=False, hook_name="fp16_compress_hook")
 
 
+@in_group(AT_TORCH, layout=HOOK_LAYOUTS)
+def static_graph_vs_torch(rank, world_size, ref, layout):
+    # torch's static_graph=True: its first backward only records the graph, so the buckets are
+    # rebuilt after the second: step 1 still adds one bucket (gloo's order of adding differs
+    # from the rebuilt buckets' at world size 3), step 2 the rebuilt ones.
+    cap = LAYOUTS[layout]
+    ours = odd_run(lambda m: DistributedDataParallel(m, cap, static_graph=True), rank, False)
+    same(ours, torch_odd_run(rank, cap, False, "no hook", static_graph=True),
+         "ours vs torch DDP, static_graph", rtol=0, atol=0)
+
+
+@ws(AT_TORCH)
+@pytest.mark.parametrize("layout", HOOK_LAYOUTS)
+def test_static_graph_grads_equal_torch_ddp_bit_for_bit(world_size, layout):
+    held(world_size, static_graph_vs_torch, layout=layout)
+
+
 def hook_view_run(wrap, model, rank, x, steps=3):
     """Per step, what a communication hook sees of each bucket: (index, parameter names,
     dtype); and the gradients of every step."""
@@ -616,10 +635,11 @@ def hook_view_run(wrap, model, rank, x, steps=3):
     return seen, grads
 
 
-LAYOUT_RUNS = {  # name -> (bucket_cap_mb, find_unused_parameters)
-    "default": (None, False), "4 KB": (4 / 1024, False), "per parameter": (0, False),
-    "default, unused": (None, True), "4 KB, unused": (4 / 1024, True),
-    "per parameter, unused": (0, True),
+LAYOUT_RUNS = {  # name -> (bucket_cap_mb, find_unused_parameters, static_graph)
+    "default": (None, False, False), "4 KB": (4 / 1024, False, False),
+    "per parameter": (0, False, False), "default, unused": (None, True, False),
+    "4 KB, unused": (4 / 1024, True, False), "per parameter, unused": (0, True, False),
+    "default, static graph": (None, False, True), "4 KB, static graph": (4 / 1024, False, True),
 }
 
 
@@ -631,14 +651,16 @@ def sequential(seed):
 
 @in_group([3], layout=list(LAYOUT_RUNS))
 def layout_vs_torch(rank, world_size, ref, layout):
-    cap, unused = LAYOUT_RUNS[layout]
-    kw = dict(bucket_cap_mb=cap, find_unused_parameters=unused)
+    cap, unused, static = LAYOUT_RUNS[layout]
+    kw = dict(bucket_cap_mb=cap, find_unused_parameters=unused, static_graph=static)
     x = torch.randn(4, 512, generator=torch.Generator().manual_seed(rank))
     ours, _ = hook_view_run(lambda m: DistributedDataParallel(m, **kw), sequential(rank), rank, x)
     theirs, _ = hook_view_run(lambda m: TorchDDP(m, **kw), sequential(rank), rank, x)
     assert ours == theirs, f"ours {ours}\ntorch's {theirs}"
     if cap is None and not unused:  # torch's default: 25 MiB, the first bucket 1 MiB
         assert len(ours[-1]) == 2 and ours[-1][0][1][-1] == "2.weight", ours[-1]
+    if static:  # rebuilt one step later than without a static graph
+        assert ours[1] == ours[0] != ours[2], ours
 
 
 @pytest.mark.parametrize("layout", list(LAYOUT_RUNS))

@@ -14,10 +14,12 @@
    - At its end the buckets are rebuilt, once, in the order the gradients became ready on rank 0
      (broadcast: every rank must hold the same buckets). Now each bucket fills up in one stretch
      of backward and is sent as soon as it is full, while autograd computes earlier layers.
+     rebuild_after=2 rebuilds one backward later (torch's static_graph=True: its first backward
+     only records the graph); backward passes that do not synchronize (no_sync) do not count.
    - bucket_cap_mb=None is torch's default: 25 MiB, but the first bucket only 1 MiB
      (dist._DEFAULT_FIRST_BUCKET_BYTES): the first gradients ready go out early instead of
      waiting for 25 MiB more of them. A number caps every bucket, the first one too.
-   - rebuild_buckets=False (torch's find_unused_parameters=True, where the order may change from
+   - rebuild_after=None (torch's find_unused_parameters=True, where the order may change from
      step to step) builds capped buckets in reverse parameter order once, and keeps them.
 2. Backward: a hook on each parameter fires when autograd has accumulated its gradient, which
    is copied into its bucket, times 1 / world size as torch does (summing those averages). A
@@ -81,7 +83,7 @@ class BucketedDDP(nn.Module):
     """Gradients averaged over ranks, in buckets, during backward; see the module docstring."""
 
     def __init__(self, module, bucket_cap_mb=None, reduce=None, on_event=None,
-                 rebuild_buckets=True, init_sync=True):
+                 rebuild_after=1, init_sync=True):
         super().__init__()
         _, self.world_size = world("DistributedDataParallel")
         self.module, self.reduce, self.on_event, self.sync = module, reduce, on_event, True
@@ -96,8 +98,10 @@ class BucketedDDP(nn.Module):
         self._index = {p: i for i, p in enumerate(self._params)}
         cap = (25 if bucket_cap_mb is None else bucket_cap_mb) * MiB
         self._caps = [dist._DEFAULT_FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap, cap]
-        self._rebuild_due = rebuild_buckets
-        groups = assign_buckets(self._params, [float("inf")] if rebuild_buckets else self._caps)
+        # Synchronized backward passes until the rebuild (None: never, the first layout stays).
+        self._rebuild_in = rebuild_after
+        groups = assign_buckets(self._params, self._caps if rebuild_after is None
+                                else [float("inf")])
         self._build(self._params, sorted(groups, key=min)[::-1])  # as torch: last layers first
         self._used, self._order, self._next, self._counts = set(), [], 0, None
         self._hooks = hook_gradients(self._params, self._grad_ready)
@@ -172,8 +176,10 @@ class BucketedDDP(nn.Module):
                         p.grad = mean.clone()  # a copy: the bucket is reused next step
                     elif used[p]:
                         p.grad.copy_(mean)
-            if self._rebuild_due:
-                self._rebuild()
+            if self._rebuild_in is not None:
+                self._rebuild_in -= 1
+                if self._rebuild_in == 0:
+                    self._rebuild()
         finally:
             for bucket in self.buckets:
                 bucket.ready, bucket.future = [False] * len(bucket.params), None
@@ -187,7 +193,7 @@ class BucketedDDP(nn.Module):
         in_order(lambda: dist.broadcast(order, 0, async_op=True).get_future(), False).wait()
         params = [self._params[i] for i in order.tolist()]
         self._build(params, assign_buckets(params, self._caps))
-        self._rebuild_due = False
+        self._rebuild_in = None
 
     def remove_hooks(self):
         """Detach this wrapper from the module's parameters (to wrap the module again)."""

@@ -18,9 +18,11 @@ forward, what a training loop written for torch's DDP expects:
     device_ids / output_device      inputs moved to the module's one device
     .trace                          the core's `on_event`: when each hook, launch, done happened
 
-find_unused_parameters keeps torch's meaning for the buckets: False (default), one bucket in the
-first backward, then rebuilt in gradient-ready order; True, capped buckets in reverse parameter
-order, never rebuilt. Unused parameters are handled either way (the core counts them).
+The buckets keep torch's timing: find_unused_parameters=False (default), one bucket in the first
+backward, then rebuilt in gradient-ready order; static_graph=True, rebuilt one backward later
+(torch's first backward with a static graph only records it); find_unused_parameters=True alone,
+capped buckets in reverse parameter order, never rebuilt. Unused parameters are handled either
+way (the core counts them).
 """
 import contextlib
 import time
@@ -48,11 +50,14 @@ class DistributedDataParallel(BucketedDDP):
 
     def __init__(self, module, bucket_cap_mb=None, all_reduce=None, *, device_ids=None,
                  output_device=None, broadcast_buffers=True, init_sync=True,
-                 find_unused_parameters=False, **torch_arguments):
+                 find_unused_parameters=False, static_graph=False, **torch_arguments):
         check_torch_arguments(module, bucket_cap_mb, torch_arguments)  # refused up front
         device = single_device(module, device_ids, output_device)
-        super().__init__(module, bucket_cap_mb, init_sync=init_sync,
-                         rebuild_buckets=not find_unused_parameters)
+        # torch rebuilds its buckets once, after the first backward that synchronizes; with a
+        # static graph after the second (even with find_unused_parameters); with
+        # find_unused_parameters alone never.
+        rebuild_after = 2 if static_graph else None if find_unused_parameters else 1
+        super().__init__(module, bucket_cap_mb, init_sync=init_sync, rebuild_after=rebuild_after)
         self._device = device
         self.broadcast_buffers = broadcast_buffers
         self.require_backward_grad_sync = True  # no_sync() turns it off; forward passes it on
