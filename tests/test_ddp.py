@@ -13,7 +13,8 @@ Two families:
 - equal to torch's DDP bit for bit (rtol=0, atol=0) at world sizes 2, 3 and 4, with and
   without torch's own comm hooks (Odd, float32: odd shapes, frozen, tied, sometimes unused):
   equal buckets in equal order make gloo add the same numbers in the same order; torch's
-  timing of the rebuild (static_graph) and of the buffer broadcast.
+  timing of the rebuild (static_graph), of the buffer broadcast, and its order of buckets of
+  several dtypes.
 """
 import functools
 import itertools
@@ -668,6 +669,46 @@ def test_buckets_are_torchs_at_every_step(layout):
     held(3, layout_vs_torch, layout=layout)  # rank 0's ready order, broadcast: any world size
 
 
+class TwoDtypes(nn.Module):
+    """float64 and float32 layers, one after the other: buckets of two dtypes."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 8).double()
+        self.b = nn.Linear(8, 8)
+        self.c = nn.Linear(8, 8).double()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.b(torch.tanh(self.a(x)).float()))
+        return self.head(torch.tanh(self.c(h.double())).float())
+
+
+@in_group([1, 3], cap=[None, 0.25 / 1024])
+def dtypes_vs_torch(rank, world_size, ref, cap):
+    # After the rebuild torch's partly filled buckets come in reverse order of their dtype's
+    # first gradient: the head's float32 gradient is ready first, so float64 is bucket 0.
+    x = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+
+    def model():
+        torch.manual_seed(rank)
+        return TwoDtypes()
+
+    ours, ours_grads = hook_view_run(lambda m: DistributedDataParallel(m, cap), model(), rank, x)
+    theirs, their_grads = hook_view_run(lambda m: TorchDDP(m, bucket_cap_mb=cap), model(), rank, x)
+    assert ours == theirs, f"ours {ours}\ntorch's {theirs}"
+    if cap is None:
+        assert ours[-1][0][2] == torch.float64, ours[-1]
+    for a, b in zip(ours_grads, their_grads):
+        assert_close(a, b, rtol=0, atol=0)
+
+
+@ws([1, 3])
+@pytest.mark.parametrize("cap", [None, 0.25 / 1024], ids=["default", "256 B"])
+def test_buckets_of_two_dtypes_have_torchs_indices(world_size, cap):
+    held(world_size, dtypes_vs_torch, cap=cap)
+
+
 @in_group(AT_TORCH)
 def buffers_vs_torch(rank, world_size, ref):
     # torch broadcasts rank 0's buffers before a forward only if the forward before it set up
@@ -782,6 +823,29 @@ def test_bucket_assignment_follows_torch():
     assert assign_buckets(ts, [30, 5000]) == [[0], [1, 2, 3]]
     # two dtypes never share a bucket; each dtype's first bucket has the first cap
     assert assign_buckets(mixed, [50, 5000]) == [[1], [0, 2], [3]]
+    # open buckets of several dtypes: the dtype seen first comes last
+    assert assign_buckets(mixed, [float("inf")]) == [[1, 3], [0, 2]]
+
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+def test_bucket_assignment_equals_torchs_own_function():
+    # torch's reducer assigns buckets with dist._compute_bucket_assignment_by_size (C++): given
+    # the tensors in gradient-ready order (a rebuild), ours must give the same lists of
+    # positions, also for several dtypes whose last buckets stay partly filled.
+    g = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        n = int(torch.randint(1, 9, (1,), generator=g))
+        kinds = int(torch.randint(1, len(DTYPES) + 1, (1,), generator=g))
+        ts = [torch.empty(int(torch.randint(1, 30, (1,), generator=g)),
+                          dtype=DTYPES[int(torch.randint(0, kinds, (1,), generator=g))])
+              for _ in range(n)]
+        for caps in ([float("inf")], [60], [40, 200], [100, 50], [16, 64]):
+            torch_caps = [min(c, 2 ** 62) for c in caps]
+            theirs, _ = dist._compute_bucket_assignment_by_size(ts, torch_caps, [False] * n,
+                                                                list(range(n)))
+            assert assign_buckets(ts, caps) == theirs, ([t.dtype for t in ts], caps)
 
 
 def test_needs_a_process_group():

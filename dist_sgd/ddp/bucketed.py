@@ -16,6 +16,11 @@
      of backward and is sent as soon as it is full, while autograd computes earlier layers.
      rebuild_after=2 rebuilds one backward later (torch's static_graph=True: its first backward
      only records the graph); backward passes that do not synchronize (no_sync) do not count.
+   - Parameters of different dtypes never share a bucket (one flat buffer each). In a rebuild,
+     buckets filled up to their cap come first, in the order they filled; the partly filled
+     last bucket of each dtype follows, the dtype whose first gradient was ready last first (so
+     a float64 bucket can come before a float32 one): the order torch's reducer gives them, and
+     the indices a communication hook sees.
    - bucket_cap_mb=None is torch's default: 25 MiB, but the first bucket only 1 MiB
      (dist._DEFAULT_FIRST_BUCKET_BYTES): the first gradients ready go out early instead of
      waiting for 25 MiB more of them. A number caps every bucket, the first one too.
@@ -57,16 +62,21 @@ def assign_buckets(tensors, caps):
 
     Walk the tensors in the given order, one open bucket per (device, dtype) (one flat buffer
     each); a bucket closes once it holds >= its cap in bytes, caps[0] for the first of its kind,
-    then caps[-1] (so one large tensor gets a bucket of its own). Closed ones first, then open."""
-    done, open_, size, closed = [], {}, {}, {}
+    then caps[-1] (so one large tensor gets a bucket of its own). Closed ones first, in the
+    order they closed; then the open ones, the kind seen first last (torch keeps the kinds in a
+    C++ unordered_map, which here yields them in reverse order of insertion: tests/test_ddp.py
+    compares this function with torch's dist._compute_bucket_assignment_by_size)."""
+    done, open_, size, closed, kinds = [], {}, {}, {}, []
     for i, t in enumerate(tensors):
         key = (t.device, t.dtype)
+        if key not in kinds:
+            kinds.append(key)
         open_.setdefault(key, []).append(i)
         size[key] = size.get(key, 0) + t.numel() * t.element_size()
         if size[key] >= caps[min(closed.get(key, 0), len(caps) - 1)]:
             done.append(open_.pop(key))
             size[key], closed[key] = 0, closed.get(key, 0) + 1
-    return done + list(open_.values())
+    return done + [open_[key] for key in reversed(kinds) if key in open_]
 
 
 class Bucket:
