@@ -684,10 +684,12 @@ class TwoDtypes(nn.Module):
         return self.head(torch.tanh(self.c(h.double())).float())
 
 
-@in_group([1, 3], cap=[None, 0.25 / 1024])
+@in_group([1, 3], cap=[None, 600 / 2 ** 20])
 def dtypes_vs_torch(rank, world_size, ref, cap):
     # After the rebuild torch's partly filled buckets come in reverse order of their dtype's
-    # first gradient: the head's float32 gradient is ready first, so float64 is bucket 0.
+    # first gradient: the head's float32 gradient is ready first, so with the default cap
+    # float64 is bucket 0; with 600 B buckets the partly filled float64 one (a.weight) comes
+    # before the partly filled float32 one.
     x = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
 
     def model():
@@ -704,7 +706,7 @@ def dtypes_vs_torch(rank, world_size, ref, cap):
 
 
 @ws([1, 3])
-@pytest.mark.parametrize("cap", [None, 0.25 / 1024], ids=["default", "256 B"])
+@pytest.mark.parametrize("cap", [None, 600 / 2 ** 20], ids=["default", "600 B"])
 def test_buckets_of_two_dtypes_have_torchs_indices(world_size, cap):
     held(world_size, dtypes_vs_torch, cap=cap)
 
