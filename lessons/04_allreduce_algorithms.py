@@ -16,10 +16,11 @@ instead: p times more bytes). In every step a rank receives and sends, and it po
 receive first: a send that waited for its peer to post a receive could wait on a peer that
 is itself waiting to send.
 
-The lesson prints the ring's steps on a tiny tensor (from the trace it records; drawn as an
-animated GIF, with --save-figures into figures/ring_allreduce.gif), checks the ring against
-the library's (dist_sgd.comm.allreduce) and torch's, then runs the library's four textbook
-algorithms (and "ring_pipelined", the ring tuned for big tensors), each against torch:
+The lesson prints the ring's steps on a tiny tensor (from the trace that the library's ring,
+which sends the same messages, records; drawn as an animated GIF, with --save-figures into
+figures/ring_allreduce.gif), checks the ring against the library's (dist_sgd.comm.allreduce)
+and torch's, then runs the library's four textbook algorithms (and "ring_pipelined", the ring
+tuned for big tensors), each against torch:
 
     naive             everyone sends its whole tensor to rank 0, which adds them up and sends
                       the sum back: rank 0 moves 2(p-1) whole tensors while the rest wait
@@ -47,6 +48,10 @@ Run (from the repository root):
     python lessons/04_allreduce_algorithms.py --world-size 4 --save-figures   # the GIF
 
 Exercises:
+  0. Write the ring yourself: `python3 -m dist_sgd.course start ring_all_reduce` gives you this
+     function with its body to write, `... check ring_all_reduce` grades it at world sizes 1-4
+     (uneven lengths, bytes per rank counted), and `DIST_SGD_MINE=mine python3
+     lessons/04_allreduce_algorithms.py` runs this lesson on yours.
   1. Count the bytes rank 0 sends with each algorithm at p = 2, 3, 4, 8 (the table gives
      the busiest rank's; DIST_SGD_VERBOSE=1 prints every message the library's algorithms
      send). Which grows with p?
@@ -67,6 +72,7 @@ import torch.distributed as dist
 from dist_sgd.comm import ringviz
 from dist_sgd.comm.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 from dist_sgd.comm.p2p import ping_pong
+from dist_sgd.course.mine import swap_in
 from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.figures import figure_path
 from dist_sgd.plumbing.launch import launch, lesson_parser
@@ -75,9 +81,10 @@ from dist_sgd.plumbing.timing import time_alternating
 from dist_sgd.scale import costmodel
 
 
-def ring_all_reduce(x, trace=None):
-    """Sum x over every rank, in place; append every message sent to `trace` (if a list)."""
+def ring_all_reduce(x):
+    """Sum x over every rank, in place, around a ring: a reduce-scatter, then an all-gather."""
     r, p = dist.get_rank(), dist.get_world_size()
+    # ---- exercise ring_all_reduce: a reduce-scatter, then an all-gather, one chunk a message
     right, left = (r + 1) % p, (r - 1) % p
     chunks = x.tensor_split(p)  # views into x: the result lands in place
     inbox = torch.empty_like(chunks[0])  # chunk 0 is the largest
@@ -97,9 +104,10 @@ def ring_all_reduce(x, trace=None):
                 chunks[take].add_(incoming)  # one more rank's share of this chunk
             else:
                 chunks[take].copy_(incoming)  # a finished chunk: take it as it is
-            if trace is not None:
-                trace.append({"phase": phase, "step": step, "src": r, "dst": right, "chunk": give,
-                              "numel": chunks[give].numel(), "nbytes": chunks[give].nbytes})
+    # ---- end of exercise
+
+
+swap_in(globals(), "ring_all_reduce")  # DIST_SGD_MINE: a learner's version replaces this one
 
 
 def everyone(obj):
@@ -111,8 +119,8 @@ def everyone(obj):
 
 def show_ring(rank, size, gif_path):
     n = 2 * size + 1  # p does not divide n: chunks of uneven size
-    trace = []
-    ring_all_reduce(torch.ones(n, device=device()), trace)
+    trace = []  # the library's ring sends the same messages as the one above, and records them
+    all_reduce(torch.ones(n, device=device()), algorithm="ring", trace=trace)
     traces = everyone(trace)
     messages = [m for t in traces for m in t]
     sizes = [len(c) for c in torch.empty(n).tensor_split(size)]

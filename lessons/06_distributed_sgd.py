@@ -42,6 +42,10 @@ Run:
     torchrun --standalone --nproc-per-node 2 lessons/06_distributed_sgd.py
 
 Exercises:
+  0. Write average_gradients yourself: `python3 -m dist_sgd.course start average_gradients`,
+     then `python3 -m dist_sgd.course check average_gradients` grades it against one process
+     at world sizes 1-4 (frozen, unused and tied parameters), and `DIST_SGD_MINE=mine python3
+     lessons/06_distributed_sgd.py` trains this lesson on yours.
   1. Keep 64 items per rank (--batch-size 64 x world size) with lr 0.01: what happens to
      accuracy after one epoch? Then scale lr with dist_sgd.sgd.train.scaled_lr (the linear
      scaling rule of Goyal et al. 2017, "Accurate, Large Minibatch SGD"), with warm-up.

@@ -10,3 +10,13 @@ data-loader tests that need real files ask for them by name and skip when they a
 import os
 
 os.environ.setdefault("DIST_SGD_DATASET", "synthetic")  # inherited by the spawned ranks too
+
+
+def pytest_configure(config):
+    """One marker per course exercise (`python3 -m pytest -m ex_ring_all_reduce`), as
+    minitorch has one per task; the names come from the course's registry."""
+    from dist_sgd.course.exercises import EXERCISES
+
+    for exercise in EXERCISES:
+        config.addinivalue_line("markers", f"{exercise.marker}: the course's exercise "
+                                f"{exercise.name} (lesson {exercise.lesson})")

@@ -429,3 +429,24 @@ def test_asking_a_store_whose_host_is_gone_gives_up_in_bounded_time():
     start = _time.monotonic()
     assert _finished_peers(Gone(), 0, 3, wait=0.5) == []
     assert _time.monotonic() - start < 5
+
+
+def _spin_on_rank_1(rank, world_size):
+    while rank == 1:  # pure Python: no operation's timeout ever sees this
+        time.sleep(0.01)
+    return rank
+
+
+def test_a_rank_past_the_deadline_is_stopped_and_named():
+    start = time.monotonic()
+    with pytest.raises(RankError, match="rank 1 failed: did not finish before the run's "
+                                        "deadline") as error:
+        launch(_spin_on_rank_1, 2, deadline=3)
+    assert error.value.rank == 1
+    assert time.monotonic() - start < 20
+
+
+@pytest.mark.parametrize("deadline", [0, -1, float("nan")])
+def test_a_non_positive_deadline_is_a_value_error(deadline):
+    with pytest.raises(ValueError, match="deadline"):
+        launch(_spin_on_rank_1, 1, deadline=deadline)

@@ -46,7 +46,8 @@ def _train(model, images, labels, rank, steps, batch_size, lr, momentum, seed, c
             times.append(time.perf_counter() - start)
         conn.send_bytes(pickle.dumps(("ok", {"losses": losses, "times": times})))
     except BaseException as e:  # noqa: BLE001 - report everything, then leave
-        conn.send_bytes(pickle.dumps(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")))
+        text = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        conn.send_bytes(pickle.dumps(("error", text)))
         os._exit(1)
 
 
@@ -71,7 +72,8 @@ def hogwild(model, dataset, processes, steps, batch_size, lr, momentum=0.0, seed
         for rank in range(processes):
             recv_end, send_end = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_train, name=f"hogwild{rank}",
-                            args=(model, images, labels, rank, steps, batch_size, lr, momentum, seed, send_end))
+                            args=(model, images, labels, rank, steps, batch_size, lr, momentum,
+                                  seed, send_end))
             p.start()
             send_end.close()
             procs.append(p)

@@ -185,8 +185,9 @@ class ParameterServer:
                 if set(kinds.values()) == {DONE}:
                     break
                 if DONE in kinds.values():
-                    raise RuntimeError(f"sync parameter server rank {self.rank}: workers disagree "
-                                       f"on the number of steps (kind by worker, 1 = done: {kinds})")
+                    raise RuntimeError(f"sync parameter server rank {self.rank}: workers "
+                                       f"disagree on the number of steps (kind by worker, "
+                                       f"1 = done: {kinds})")
                 total = torch.zeros_like(self.weights)
                 for w in self.workers:  # a fixed order: the same sum on every run
                     total += self._receive_gradient(w)

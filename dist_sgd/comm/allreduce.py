@@ -36,7 +36,8 @@ def ring_reduce_scatter(link, chunks, reduce):
     """
     p, r = link.size, link.rank
     right, left = (r + 1) % p, (r - 1) % p
-    inbox = torch.empty(max(c.numel() for c in chunks), dtype=chunks[0].dtype, device=chunks[0].device)
+    inbox = torch.empty(max(c.numel() for c in chunks), dtype=chunks[0].dtype,
+                        device=chunks[0].device)
     for step in range(p - 1):
         give, take = (r - step - 1) % p, (r - step - 2) % p
         incoming = inbox[:chunks[take].numel()]
@@ -84,7 +85,8 @@ def tree_reduce(link, flat, reduce, root=0, inplace=True):
             children.append(((vr + mask + root) % p, mask.bit_length() - 1))
         mask <<= 1
     bufs = [torch.empty_like(flat) for _ in children]
-    requests = link.at("reduce", 0).start(recvs=[(b, child, None) for b, (child, _) in zip(bufs, children)])
+    recvs = [(b, child, None) for b, (child, _) in zip(bufs, children)]
+    requests = link.at("reduce", 0).start(recvs=recvs)
     acc = flat if inplace or not children else flat.clone()
     for request, buf in zip(requests, bufs):
         request.wait()
@@ -134,7 +136,8 @@ def naive(link, flat, reduce):
     for request, buf in zip(requests, bufs):
         request.wait()
         reduce(flat, buf)
-    for request in link.at("broadcast", 0).start(sends=[(flat, dst, None) for dst in range(1, link.size)]):
+    sends = [(flat, dst, None) for dst in range(1, link.size)]
+    for request in link.at("broadcast", 0).start(sends=sends):
         request.wait()
 
 

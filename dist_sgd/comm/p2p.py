@@ -22,7 +22,8 @@ def ping_pong(sizes_bytes, repeats=10, warmup=2, min_sample_seconds=5e-3):
     dict per size: {"bytes", "seconds" (one-way, median), "min", "max", "bandwidth" (bytes/s,
     from the median)}.
 
-    Timing goes through dist_sgd.plumbing.timing.time_alternating with one candidate per message size:
+    Timing goes through dist_sgd.plumbing.timing.time_alternating with one candidate per message
+    size:
     sizes are interleaved, so a burst of load on this shared machine hits every size, not one.
     Each sample starts after a barrier, whose exit can be skewed between ranks by about one
     message latency; to keep that out of the numbers, a sample repeats the round trip until
@@ -34,7 +35,8 @@ def ping_pong(sizes_bytes, repeats=10, warmup=2, min_sample_seconds=5e-3):
         raise ValueError(f"ping_pong needs a group of at least 2 ranks, this one has {size}")
     sizes = [int(n) for n in sizes_bytes]
     if not sizes or any(n < 1 or n != s for n, s in zip(sizes, sizes_bytes)):
-        raise ValueError(f"sizes_bytes must be positive whole numbers of bytes, got {sizes_bytes!r}")
+        raise ValueError(f"sizes_bytes must be positive whole numbers of bytes, "
+                         f"got {sizes_bytes!r}")
     buffers = {n: torch.zeros(n, dtype=torch.uint8, device=device()) for n in sizes}
     payload = {n: torch.arange(n, dtype=torch.int64).remainder(251).to(torch.uint8) for n in sizes}
 

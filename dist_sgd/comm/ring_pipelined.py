@@ -1,4 +1,5 @@
-"""The ring all-reduce tuned for big tensors: "ring_pipelined" (speed work, beside the textbook ring).
+"""The ring all-reduce tuned for big tensors: "ring_pipelined" (speed work, beside the textbook
+ring).
 
 The textbook ring (allreduce.ring) sends each chunk as one message and adds it up when it has
 all arrived. This one cuts chunks into segments of SEGMENT_BYTES, so that adding (and passing
@@ -126,10 +127,12 @@ class SegmentedLink:
             self.exchange(send, dst, None, src, send_chunk)
             return
         seg, slots = pieces[0].numel(), min(WINDOW, len(pieces))
-        if self.scratch is None or self.scratch.numel() < slots * seg or self.scratch.dtype != acc.dtype:
+        if self.scratch is None or self.scratch.numel() < slots * seg \
+                or self.scratch.dtype != acc.dtype:
             self.scratch = torch.empty(slots * seg, dtype=acc.dtype, device=acc.device)
         bufs = [self.scratch[i * seg:(i + 1) * seg] for i in range(slots)]
-        pending = self._post(self.cut(send), dst, [bufs[i][:pieces[i].numel()] for i in range(slots)],
+        pending = self._post(self.cut(send), dst,
+                             [bufs[i][:pieces[i].numel()] for i in range(slots)],
                              src, send_chunk, recv_chunk)
         for i, piece in enumerate(pieces):
             pending.pop(0).wait()  # segments from one peer arrive in the order they were sent
@@ -176,7 +179,8 @@ def pipelined_reduce_scatter(link, chunks, reduce, hand_on=False):
     right, left = (r + 1) % p, (r - 1) % p
     for step in range(p - 1):
         d = (r - step - 2) % p
-        after = ("reduce-scatter", step + 1) if step < p - 2 else ("all-gather", 0) if hand_on else None
+        after = ("reduce-scatter", step + 1) if step < p - 2 else \
+            ("all-gather", 0) if hand_on else None
 
         def pass_on(piece, d=d, after=after):
             link.isend(piece, right, chunk=d, where=after)

@@ -57,7 +57,8 @@ def table(trace, world_size):
             lines.append(f"{phase} step {step}: {sent}")
         lines.append("         " + "".join(f"c{c}".ljust(width) for c in range(p)))
         for r in range(p):
-            lines.append(f"  rank {r} " + "".join(_who(holdings[r][c], p).ljust(width) for c in range(p)))
+            cells = "".join(_who(holdings[r][c], p).ljust(width) for c in range(p))
+            lines.append(f"  rank {r} " + cells)
     return lines
 
 
@@ -97,7 +98,8 @@ def draw_gif(trace, world_size, path, frames_per_step=5, fps=6):
                 fontsize=8, weight="bold")
         for c in range(p):
             x, y = block_xy(r, c)
-            blocks[r, c] = ax.add_patch(plt.Rectangle((x, y), bw, bw, fc=colours(c % 10), ec="black"))
+            blocks[r, c] = ax.add_patch(plt.Rectangle((x, y), bw, bw, fc=colours(c % 10),
+                                                      ec="black"))
             ax.text(x + bw / 2, y - 0.08, f"c{c}", ha="center", fontsize=6)
     flying = [ax.add_patch(plt.Rectangle((0, 0), bw, bw, ec="black", lw=1, visible=False))
               for _ in range(p)]

@@ -76,7 +76,8 @@ class Link:
             self.note("recv", peer, chunk, t)
         for t, peer, chunk in sends:
             self.note("send", peer, chunk, t)
-        ops = [(dist.irecv, t, peer) for t, peer, _ in recvs] + [(dist.isend, t, peer) for t, peer, _ in sends]
+        ops = [(dist.irecv, t, peer) for t, peer, _ in recvs] + \
+            [(dist.isend, t, peer) for t, peer, _ in sends]
         if self.nccl and len(ops) > 1:
             return dist.batch_isend_irecv([dist.P2POp(fn, t, peer) for fn, t, peer in ops])
         return [fn(t, peer) for fn, t, peer in ops]

@@ -1,8 +1,8 @@
 """Recovery from a live peer, by hand (the idea of torchft): no restart, no checkpoint read.
 
 When a rank dies, synchronous SGD cannot just re-assign its work: every step needs every
-rank. Checkpoint-restart (dist_sgd.faults.checkpoint + torchrun --max-restarts) stops everyone, starts
-everyone again and recomputes the steps since the last checkpoint. Here instead:
+rank. Checkpoint-restart (dist_sgd.faults.checkpoint + torchrun --max-restarts) stops everyone,
+starts everyone again and recomputes the steps since the last checkpoint. Here instead:
 
 1. The survivors keep their state in memory. Their next collective fails (the dead rank's
    connections are closed), they catch that error and leave the broken process group.

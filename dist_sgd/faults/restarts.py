@@ -26,12 +26,13 @@ store came with torch 2.4 (pytorch#128096), issue pytorch#135712 reported the st
 fix (a fresh store per restart, pytorch#135957) is not what 2.14.1's rendezvous does, which
 reuses its store server while it lives.
 
-The work-around, applied on every torchrun path the lessons use: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
-in torchrun's environment (torch's own switch). Every rendezvous round then gets a fresh store
-(rank 0's worker hosts it on a new port), so no key of a dead attempt exists; it works for a
-plain script and across nodes, where restart counts differ between nodes (a node that joins
-late starts at 0) and a per-attempt key prefix would not agree. dist_sgd's launch() is
-immune without it too (its keys carry the attempt under the shared store), on one node.
+The work-around, applied on every torchrun path the lessons use:
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment (torch's own switch). Every
+rendezvous round then gets a fresh store (rank 0's worker hosts it on a new port), so no key of
+a dead attempt exists; it works for a plain script and across nodes, where restart counts differ
+between nodes (a node that joins late starts at 0) and a per-attempt key prefix would not agree.
+dist_sgd's launch() is immune without it too (its keys carry the attempt under the shared
+store), on one node.
 """
 import argparse
 import datetime
@@ -62,7 +63,8 @@ def plain_worker(ckpt_dir, steps=STEPS, every=EVERY):
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     path = os.path.join(ckpt_dir, "state.pt")
-    step, total = torch.load(path) if os.path.exists(path) else (0, torch.zeros(1000, dtype=torch.float64))
+    step, total = torch.load(path) if os.path.exists(path) else \
+        (0, torch.zeros(1000, dtype=torch.float64))
     while step < steps:
         t = torch.full((1000,), float(step + 1), dtype=torch.float64)
         time.sleep(STEP_S)  # the step's compute: a killer watching the progress gets its chance
@@ -130,12 +132,15 @@ def uninterrupted(script_args, env=None):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m dist_sgd.faults.restarts",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=10, help="killed-and-restarted runs (default 10)")
+    parser.add_argument("--runs", type=int, default=10,
+                        help="killed-and-restarted runs (default 10)")
     parser.add_argument("--script", help="a training script (default: the plain one in this file)")
-    parser.add_argument("--late", type=float, default=2.0, help="seconds the last rank restarts late")
+    parser.add_argument("--late", type=float, default=2.0,
+                        help="seconds the last rank restarts late")
     parser.add_argument("--share-store", action="store_true",
                         help="without the work-around (torch's default): reproduce the hang")
-    parser.add_argument("--limit", type=float, default=60.0, help="seconds before a run counts as hung")
+    parser.add_argument("--limit", type=float, default=60.0,
+                        help="seconds before a run counts as hung")
     parser.add_argument("--checkpoint-dir", help="(what torchrun's workers get: run one training)")
     args = parser.parse_args(argv)
     if args.checkpoint_dir:  # inside torchrun: this process is one worker of the plain script
@@ -146,7 +151,8 @@ def main(argv=None):
     want = uninterrupted(script)
     print(f"uninterrupted: sha256 {want}; now {args.runs} runs, one worker killed in each, the "
           f"last rank restarting {args.late:g} s late, "
-          f"{'the shared store (torch default)' if args.share_store else 'with ' + str(WORKAROUND)}",
+          + ("the shared store (torch default)" if args.share_store else
+             "with " + str(WORKAROUND)),
           flush=True)
     good, times = 0, []
     for i in range(args.runs):

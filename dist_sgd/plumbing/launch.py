@@ -73,7 +73,8 @@ def init_url(init_method, workdir=None):
         return f"tcp://127.0.0.1:{free_port()}"
     if init_method == "file":
         # The file must not exist yet; every rank must see the same path (a shared filesystem).
-        return "file://" + os.path.join(workdir or tempfile.mkdtemp(prefix="dist_sgd_"), "rendezvous")
+        folder = workdir or tempfile.mkdtemp(prefix="dist_sgd_")
+        return "file://" + os.path.join(folder, "rendezvous")
     if "://" in init_method:
         return init_method
     raise ValueError(f"init_method must be one of {INIT_METHODS} or a URL, got {init_method!r}")
@@ -168,12 +169,13 @@ def _context():
     if method == "forkserver":
         # torch._dynamo too: torch's optimizers and DDP import it on first use, 3-4 s of CPU in
         # every rank of every launch; imported once here, it starts no thread.
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "dist_sgd.plumbing.launch"])
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo",
+                                    "dist_sgd.plumbing.launch"])
     return ctx
 
 
 def launch(fn, world_size=None, *args, backend=None, init_method="env",
-           timeout=DEFAULT_TIMEOUT, threads=1, max_restarts=0):
+           timeout=DEFAULT_TIMEOUT, threads=1, max_restarts=0, deadline=None):
     """Run fn(rank, world_size, *args) on every rank; return the list of results by rank.
 
     The list (index = rank) comes back in the process that reports: this one when it spawns
@@ -185,9 +187,15 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
     every rank is stopped and all are started again, up to max_restarts times; each sees the
     attempt in TORCHELASTIC_RESTART_COUNT (0 first), as under torchrun, so it can resume from
     a checkpoint (lesson 14). Under torchrun, torchrun's own --max-restarts decides.
+
+    deadline: None, or seconds for the whole run of spawned ranks: a rank still running then
+    (an endless loop in pure Python, which no operation's timeout sees) is stopped and named
+    in the RankError. Under torchrun, torchrun's own watchdogs decide.
     """
     if timeout is None or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if deadline is not None and not deadline > 0:
+        raise ValueError(f"deadline must be None or a positive number of seconds, got {deadline!r}")
     if not callable(fn):
         raise TypeError(f"fn must be a function, got {fn!r}")
     if under_torchrun():
@@ -204,7 +212,8 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
     backend = backend or default_backend(world_size)
     for attempt in range(max_restarts + 1):
         try:
-            return _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt)
+            return _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt,
+                          deadline)
         except RankError as e:
             if attempt == max_restarts:
                 raise
@@ -212,7 +221,7 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
                   f"(restart {attempt + 1} of {max_restarts})", file=sys.stderr, flush=True)
 
 
-def _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt):
+def _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt, deadline=None):
     """One attempt: start world_size ranks here, collect their results, stop them all."""
     ctx = _context()
     workdir = tempfile.mkdtemp(prefix="dist_sgd_")
@@ -235,7 +244,7 @@ def _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt
             there.close()
             procs.append(p)
             conns.append(here)
-        return _collect(procs, conns)
+        return _collect(procs, conns, None if deadline is None else time.monotonic() + deadline)
     finally:
         for c in conns:
             c.close()
@@ -258,11 +267,18 @@ def _blame(failures):
     return min(order, key=lambda r: (_LEVEL[failures[r][0]], order.index(r)))
 
 
-def _collect(procs, conns):
-    """Wait for every rank's result, then release them all; on a failure, raise RankError."""
+def _collect(procs, conns, end=None):
+    """Wait for every rank's result, then release them all; on a failure, raise RankError.
+    end: a time.monotonic() by which every rank must have reported (None: no limit)."""
     results, pending = [None] * len(procs), set(range(len(procs)))
     failures, deadline = {}, None  # rank -> (kind, message, traceback), in order of arrival
     while pending and (deadline is None or time.monotonic() < deadline):
+        if end is not None and not failures and time.monotonic() > end:
+            for r in sorted(pending):  # nobody failed, but these never finished
+                failures[r] = ("error", "did not finish before the run's deadline (an endless "
+                               "loop, or waiting for a message no peer sends?)", "")
+            deadline = time.monotonic()
+            break
         waitables = [conns[r] for r in pending] + [procs[r].sentinel for r in pending]
         mp.connection.wait(waitables, timeout=0.2 if deadline else 1.0)
         for r in sorted(pending):
@@ -287,7 +303,8 @@ def _collect(procs, conns):
                 procs[r].join(timeout=5)
                 code = procs[r].exitcode
                 if code != 0:
-                    how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                    how = f"killed by signal {-code}" if code is not None and code < 0 \
+                        else f"exit code {code}"
                     failures[r] = ("died", f"died without reporting a result ({how})", "")
                 # exit code 0 without a result (os._exit(0)): success, as for torch's launchers
             else:
@@ -321,13 +338,15 @@ def _rank_error(failures, pending, finished=()):
         lines += _returned_early(finished, blamed)
     for r, (_, other, _) in failures.items():
         if r != blamed:
-            lines.append(f"rank {r} also failed, probably as a consequence: {other.splitlines()[0][:300]}")
+            lines.append(f"rank {r} also failed, probably as a consequence: "
+                         f"{other.splitlines()[0][:300]}")
     if pending:
-        lines.append("still running then (now stopped): " + ", ".join(f"rank {r}" for r in sorted(pending)))
+        lines.append("still running then (now stopped): "
+                     + ", ".join(f"rank {r}" for r in sorted(pending)))
         if kind == "symptom":
-            lines.append(f"rank {blamed}'s error came from inside torch.distributed: a peer stopped "
-                         "answering. Look at the rank(s) still running, which probably hung "
-                         "(or pass a longer timeout for slow work)")
+            lines.append(f"rank {blamed}'s error came from inside torch.distributed: a peer "
+                         "stopped answering. Look at the rank(s) still running, which probably "
+                         "hung (or pass a longer timeout for slow work)")
     if tb:
         lines.append(f"--- traceback from rank {blamed} ---\n{tb}")
     return RankError(blamed, "\n".join(lines), {r: f[2] for r, f in failures.items()})
@@ -365,7 +384,8 @@ def _run_here(fn, world_size, args, backend, timeout, threads):
         print(f"note: running under torchrun with WORLD_SIZE={size}; "
               f"ignoring the requested world size {world_size}", flush=True)
     backend = backend or default_backend(int(os.environ.get("LOCAL_WORLD_SIZE", size)))
-    torch.set_num_threads(threads)  # as spawned ranks: a plain RANK=... start has no OMP_NUM_THREADS
+    # As spawned ranks: a plain RANK=... start has no OMP_NUM_THREADS.
+    torch.set_num_threads(threads)
     store = _launcher_store(rank, timeout)
     # Each launch() in this process gets keys of its own: a store keeps the keys of earlier
     # groups, and a new group that read them would try to connect to the old one. The agent's
@@ -375,7 +395,8 @@ def _run_here(fn, world_size, args, backend, timeout, threads):
     # need: a node that joins later counts its restarts from 0.
     shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     run = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") if shared else "-"
-    store = dist.PrefixStore(f"dist_sgd/{run}/{store.add(f'dist_sgd/{run}/calls/{rank}', 1)}/", store)
+    call = store.add(f"dist_sgd/{run}/calls/{rank}", 1)
+    store = dist.PrefixStore(f"dist_sgd/{run}/{call}/", store)
     _init(rank, size, backend, timeout, store=dist.PrefixStore("group/", store))
     exiting = None
     try:
@@ -465,7 +486,8 @@ def lesson_parser(doc, world_size=2, save_figures=False):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     several = isinstance(world_size, (list, tuple))
     shown = " ".join(map(str, world_size)) if several else world_size
-    parser.add_argument("--world-size", type=int, default=list(world_size) if several else world_size,
+    default = list(world_size) if several else world_size
+    parser.add_argument("--world-size", type=int, default=default,
                         nargs="+" if several else None, metavar="N",
                         help=f"number of ranks to spawn (default {shown}; "
                              "ignored under torchrun, which sets WORLD_SIZE)")

@@ -87,7 +87,8 @@ def read_idx(path):
 
 
 def _find(directory, stem):
-    for name in (stem + ".gz", stem, stem.replace("-idx", ".idx")):  # last: torchvision/Kaggle naming
+    # The last: torchvision's and Kaggle's naming.
+    for name in (stem + ".gz", stem, stem.replace("-idx", ".idx")):
         path = os.path.join(directory, name)
         if os.path.isfile(path):
             return path

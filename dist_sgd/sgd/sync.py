@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dist_sgd.comm.flat import copy_back, flatten
+from dist_sgd.course.mine import swap_in
 from dist_sgd.plumbing.rank import world
 
 
@@ -56,13 +57,17 @@ def gradients_to_sync(model):
     return grads
 
 
-def _reduce_in_place(tensor, all_reduce, world_size):
-    # Collectives need contiguous memory; a rare non-contiguous .grad goes through a copy.
-    work = tensor if tensor.is_contiguous() else tensor.contiguous()
-    all_reduce(work, op=dist.ReduceOp.SUM)
-    work.div_(world_size)
-    if work is not tensor:
-        tensor.copy_(work)
+def _average_flat(grads, all_reduce, world_size):
+    """flat=True: one all-reduce per (dtype, device) over a buffer holding every gradient."""
+    groups = {}  # torch.cat needs one dtype and device per buffer
+    for g in grads:
+        groups.setdefault((g.dtype, g.device), []).append(g)
+    for group in groups.values():
+        buffer = flatten(group)
+        all_reduce(buffer, op=dist.ReduceOp.SUM)
+        buffer.div_(world_size)
+        copy_back(buffer, group)
+    return len(groups)
 
 
 def average_gradients(model, flat=False, all_reduce=None):
@@ -78,19 +83,19 @@ def average_gradients(model, flat=False, all_reduce=None):
     """
     _, world_size = world("average_gradients")
     all_reduce = all_reduce or dist.all_reduce
-    grads = gradients_to_sync(model)
-    if not flat:
-        for g in grads:
-            _reduce_in_place(g, all_reduce, world_size)
-        return len(grads)
-    groups = {}  # torch.cat needs one dtype and device per buffer
+    if flat:
+        return _average_flat(gradients_to_sync(model), all_reduce, world_size)
+    # ---- exercise average_gradients: all-reduce every gradient (SUM), divide by the world size
+    grads = gradients_to_sync(model)  # each parameter once; frozen and unused ones skipped
     for g in grads:
-        groups.setdefault((g.dtype, g.device), []).append(g)
-    for group in groups.values():
-        buffer = flatten(group)
-        _reduce_in_place(buffer, all_reduce, world_size)
-        copy_back(buffer, group)
-    return len(groups)
+        # Collectives need contiguous memory; a rare non-contiguous .grad goes through a copy.
+        work = g if g.is_contiguous() else g.contiguous()
+        all_reduce(work, op=dist.ReduceOp.SUM)  # now the sum over every rank, on every rank
+        work.div_(world_size)  # the mean: the gradient of the global batch's mean loss
+        if work is not g:
+            g.copy_(work)
+    return len(grads)
+    # ---- end of exercise
 
 
 def broadcast_parameters(model, src=0, broadcast=None):
@@ -131,3 +136,6 @@ def _check_same_shapes(tensors, src):
         raise ValueError(f"rank {dist.get_rank()}: the model differs from rank {src}'s "
                          f"(tensors, elements, shape checksum: {mine} here, {theirs.tolist()} "
                          f"on rank {src})")
+
+
+swap_in(globals(), "average_gradients")  # DIST_SGD_MINE: a learner's version replaces ours

@@ -1,0 +1,360 @@
+"""How an exercise is graded: cases run inside spawned ranks, each failure one line to act on.
+
+A grader (graders/<name>.py) is a list of cases:
+
+    grader = Grader("average_gradients")
+
+    @grader.case("one step of the Awkward model")
+    def one_step(ctx):                      # runs on every rank of a group of ctx.world_size
+        ...                                 # everything (all collectives) first, then:
+        ctx.expect_close(got, expected, "fc.weight's gradient", atol=1e-12)
+
+ctx.impl holds the piece being graded (the library's, the learner's through DIST_SGD_MINE, or
+a file: a mutant, the skeleton); a case never imports the piece itself. ctx.call(fn, ...)
+calls it with torch's collectives counted, or refused where the exercise must be built
+without them, and the bytes it sends counted. A failed expectation is one line:
+
+    ring_all_reduce, world size 3, rank 1, n = 10007: element 3336 is 1.25, expected 3.75
+    (tolerance 1e-05)
+      hint: the result is p = 3 times too big: summed but not divided by the world size
+
+Every (case, world size) is its own spawned group (milliseconds once the fork server is up),
+with a short timeout on each operation and a deadline for the whole run: a hang, a crash or
+NotImplementedError is a failed check naming its rank, never a hang.
+"""
+import importlib
+import os
+import re
+import time
+import types
+from dataclasses import dataclass, field
+
+from dist_sgd.course.exercises import get
+from dist_sgd.course.mine import MINE, ONLY, load_file
+
+OPERATION_TIMEOUT = float(os.environ.get("DIST_SGD_COURSE_TIMEOUT", 10))  # seconds per operation
+CASE_DEADLINE = 3 * OPERATION_TIMEOUT  # seconds for one (case, world size), spawn included
+COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+               "gather", "scatter", "all_gather_object", "broadcast_object_list",
+               "gather_object", "scatter_object_list", "barrier")
+SENDS, RECEIVES = ("isend", "send"), ("irecv", "recv")
+HANG_HINT = ("a rank waited for a message that never came: post each receive before the send "
+             "it pairs with, and have every rank make the same calls in the same order")
+
+
+class Failure(AssertionError):
+    """A failed expectation: one line (what, where, got, expected, tolerance) and hints."""
+
+    def __init__(self, line, hints=()):
+        super().__init__(line)
+        self.line, self.hints = line, [h for h in hints if h][:2]
+
+
+@dataclass
+class Case:
+    title: str
+    run: object
+    world_sizes: tuple = None
+
+
+class Grader:
+    """The cases of one exercise. forbid: torch.distributed functions the piece must not call
+    (the collectives, when the exercise builds one); error_hints: {text in an error: hint}."""
+
+    def __init__(self, name, forbid=(), error_hints=None, hang_hint=HANG_HINT):
+        self.exercise = get(name)
+        self.forbid, self.hang_hint = tuple(forbid), hang_hint
+        self.error_hints = dict(error_hints or {})
+        self.cases = {}
+
+    def case(self, title, world_sizes=None):
+        def register(fn):
+            self.cases[title] = Case(title, fn, world_sizes)
+            return fn
+        return register
+
+
+# ---- inside a rank --------------------------------------------------------------------------
+
+class _Watch:
+    """Wraps torch.distributed's functions once per process: while the piece runs they count
+    the bytes it sends and the collectives it calls, and refuse the forbidden ones."""
+
+    active, forbid, sent, calls, name, depth = False, (), 0, None, "", 0
+
+    @classmethod
+    def install(cls):
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+        if getattr(c10d, "_dist_sgd_watched", False):
+            return
+        for fname in COLLECTIVES + SENDS + RECEIVES:
+            original = getattr(c10d, fname, None)
+            if original is None:
+                continue
+            wrapper = cls._wrap(fname, original)
+            setattr(c10d, fname, wrapper)  # batch_isend_irecv's P2POp checks c10d.isend
+            if getattr(dist, fname, None) is original:
+                setattr(dist, fname, wrapper)
+        c10d._dist_sgd_watched = True
+
+    @classmethod
+    def _wrap(cls, fname, original):
+        def watched(*args, **kwargs):
+            if cls.active and cls.depth == 0:  # send() calls isend(): count the outer call
+                if fname in cls.forbid:
+                    raise Failure(f"{cls.name} called torch.distributed.{fname}",
+                                  [f"build it from isend/irecv (or send/recv) only: no "
+                                   f"torch collective inside {cls.name}"])
+                if fname in SENDS:
+                    tensor = args[0] if args else kwargs["tensor"]
+                    cls.sent += tensor.numel() * tensor.element_size()
+                cls.calls[fname] = cls.calls.get(fname, 0) + 1
+            cls.depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                cls.depth -= 1
+        watched.__name__ = watched.__qualname__ = fname
+        watched.__wrapped__ = original
+        return watched
+
+
+class Context:
+    """What a case sees on its rank: rank, world_size, impl, and the expectations."""
+
+    def __init__(self, grader, title, rank, world_size, impl):
+        self.grader, self.title = grader, title
+        self.rank, self.world_size, self.impl = rank, world_size, impl
+        self.sent_bytes, self.calls = 0, {}
+
+    def call(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) as the piece: its sends counted (self.sent_bytes), its torch
+        calls counted (self.calls), the grader's forbidden collectives refused."""
+        _Watch.forbid, _Watch.sent, _Watch.calls = self.grader.forbid, 0, {}
+        _Watch.name, _Watch.active = self.grader.exercise.name, True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _Watch.active = False
+            self.sent_bytes, self.calls = _Watch.sent, dict(_Watch.calls)
+
+    def where(self):
+        return f"{self.grader.exercise.name}, world size {self.world_size}, rank {self.rank}, " \
+               f"{self.title}"
+
+    def fail(self, what, hints=()):
+        raise Failure(f"{self.where()}: {what}", hints)
+
+    def expect(self, condition, what, hints=()):
+        if not condition:
+            self.fail(what, hints)
+
+    def expect_close(self, got, expected, what, atol, rtol=0.0, own=None, hints=()):
+        """got == expected within atol + rtol * |expected|, element by element; on the first
+        element that is not, a Failure naming it, with the symptom hints that fit."""
+        import torch
+        if not isinstance(got, torch.Tensor):
+            self.fail(f"{what} is {type(got).__name__}, expected a tensor", hints)
+        if tuple(got.shape) != tuple(expected.shape):
+            self.fail(f"{what} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}",
+                      hints)
+        if got.dtype != expected.dtype:
+            self.fail(f"{what} has dtype {got.dtype}, expected {expected.dtype}", hints)
+        g, e = got.detach().cpu().double(), expected.detach().cpu().double()
+        bad = ((g - e).abs() > atol + rtol * e.abs()) | (g.isnan() != e.isnan())
+        if not bad.any():
+            return
+        index = [int(i) for i in bad.nonzero()[0]]
+        shown = f"element {index[0]}" if len(index) == 1 else f"element {index}"
+        tolerance = f"{atol:.0e}" + (f" + {rtol:.0e} x |expected|" if rtol else "")
+        self.fail(f"{what}, {shown} is {_num(g[tuple(index)])}, expected "
+                  f"{_num(e[tuple(index)])} (tolerance {tolerance})",
+                  list(hints) + symptoms(g, e, self.world_size, own))
+
+    def everyone(self, obj):
+        """Every rank's obj (picklable), in rank order: for comparing ranks after the call."""
+        import torch.distributed as dist
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def expect_same_on_every_rank(self, tensor, what, hints=()):
+        """Every rank holds the same bytes as rank 0 (call on every rank)."""
+        import torch
+        mine = tensor.detach().cpu()
+        ranks = self.everyone(mine)
+        for r, theirs in enumerate(ranks):
+            if not torch.equal(theirs, ranks[0]):
+                differ = (theirs != ranks[0]).nonzero()[0].tolist()
+                if self.rank == r:
+                    self.fail(f"{what} differs from rank 0's at element {differ}: "
+                              f"{_num(theirs[tuple(differ)], 17)} here, "
+                              f"{_num(ranks[0][tuple(differ)], 17)} on rank 0", hints)
+
+
+def _num(x, digits=7):
+    x = float(x)
+    return f"{x:.{digits}g}"
+
+
+def symptoms(got, expected, world_size, own=None):
+    """Hints read off a wrong result: what it equals instead (float64 tensors)."""
+    import torch
+
+    def near(a, b):
+        return a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+    found = []
+    if own is not None:
+        own = own.detach().cpu().double()
+        if near(got, own) and not near(expected, own):
+            found.append("this rank still holds its own values: nothing arrived (received into "
+                         "a copy, or the result not written back in place?)")
+    p = world_size
+    if p > 1 and expected.abs().max() > 0:
+        if near(got, expected * p):
+            found.append(f"the result is p = {p} times too big: summed but not divided by "
+                         "the world size")
+        elif near(got, expected / p):
+            found.append(f"the result is p = {p} times too small: divided twice (ReduceOp.AVG "
+                         "and a division, or averaged on top of a DDP)")
+    return found
+
+
+def _load(exercise, impl):
+    """The piece to grade, as a namespace of the exercise's symbols. impl: ("module", None) the
+    reference; ("switch", DIR) the learner's through DIST_SGD_MINE; ("file", PATH) a file."""
+    kind, where = impl
+    if kind == "switch":  # before the reference module is imported: its swap_in reads these
+        os.environ[MINE], os.environ[ONLY] = where, exercise.name
+    if kind in ("module", "switch"):
+        if exercise.source.endswith(".py"):
+            module = load_file(exercise.source_path, "dist_sgd_lesson_" + exercise.lesson)
+        else:
+            module = importlib.import_module(exercise.source)
+    elif kind == "file":
+        module = load_file(where, "dist_sgd_graded_" + exercise.name)
+    else:
+        raise ValueError(f"impl must be module, switch or file, got {kind!r}")
+    missing = [s for s in exercise.symbols if not hasattr(module, s)]
+    if missing:
+        raise Failure(f"{exercise.name}: the file defines no {', '.join(missing)}",
+                      ["keep the names the skeleton gave you (course start writes it)"])
+    return types.SimpleNamespace(**{s: getattr(module, s) for s in exercise.symbols})
+
+
+def run_case(rank, world_size, grader_module, title, impl):
+    """One case on one rank (launch()'s fn): None when it held, else (line, hints)."""
+    _Watch.install()
+    grader = importlib.import_module(grader_module).grader
+    try:
+        ctx = Context(grader, title, rank, world_size, _load(grader.exercise, impl))
+        grader.cases[title].run(ctx)
+    except Failure as failure:
+        if not failure.line.startswith(f"{grader.exercise.name}, world size"):
+            failure.line = f"{grader.exercise.name}, world size {world_size}, rank {rank}, " \
+                           f"{title}: {failure.line}"
+        return failure.line, failure.hints
+    return None
+
+
+# ---- in the process that grades ---------------------------------------------------------------
+
+@dataclass
+class Result:
+    title: str
+    world_size: int
+    ok: bool
+    line: str = ""
+    hints: list = field(default_factory=list)
+    hung: bool = False
+
+
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failure|Interrupt|Exit)\b.*")
+
+
+def _exception_line(tb):
+    """The last exception's first line and what follows it (a message may span lines)."""
+    lines = tb.rstrip().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if _EXCEPTION.match(lines[i]):
+            return " ".join(line.strip() for line in lines[i:])[:300]
+    return ""
+
+
+def _from_rank_error(grader, title, world_size, error):
+    """A RankError (a rank raised, died or hung) as a Result naming the rank."""
+    tb = error.tracebacks.get(error.rank, "") or ""
+    text = _exception_line(tb) or str(error).splitlines()[0]
+    first = str(error).splitlines()[0]
+    hung = "deadline" in first or bool(re.search(r"[Tt]imed? ?out|timeout", tb + first))
+    hints = []
+    if "NotImplementedError" in text:
+        hints.append(f"write the part marked NotImplementedError (python3 -m dist_sgd.course "
+                     f"hint {grader.exercise.name})")
+        text = text.split("; hint:")[0]
+    elif hung:
+        text = "no answer within the time limit: " + ("it did not finish" if "deadline" in first
+                                                      else "a receive or collective timed out")
+        hints.append(grader.hang_hint)
+    else:
+        hints += [hint for key, hint in grader.error_hints.items() if key in tb]
+    line = f"{grader.exercise.name}, world size {world_size}, rank {error.rank}, {title}: {text}"
+    return Result(title, world_size, False, line[:400], hints[:2], hung)
+
+
+def run_grader(name, impl, world_sizes=None, titles=None, on_result=None):
+    """Grade exercise `name`'s implementation `impl` (see _load); a list of Results. A case
+    that fails at one world size is not run at larger ones; after a hang nothing more runs."""
+    from dist_sgd.plumbing.launch import RankError, launch
+
+    grader = importlib.import_module(get(name).grader).grader
+    sizes = tuple(world_sizes or grader.exercise.world_sizes)
+    results = []
+    for title, case in grader.cases.items():
+        if titles is not None and title not in titles:
+            continue
+        for ws in case.world_sizes or sizes:
+            if ws not in sizes and world_sizes is not None:
+                continue
+            try:
+                out = launch(run_case, ws, grader.exercise.grader, title, impl,
+                             timeout=OPERATION_TIMEOUT, deadline=CASE_DEADLINE)
+                failed = next(((r, o) for r, o in enumerate(out) if o is not None), None)
+                result = Result(title, ws, True) if failed is None else \
+                    Result(title, ws, False, failed[1][0], list(failed[1][1]))
+            except RankError as error:
+                result = _from_rank_error(grader, title, ws, error)
+            results.append(result)
+            if on_result:
+                on_result(result)
+            if not result.ok:
+                break
+        if results and results[-1].hung:
+            break
+    return results
+
+
+def report(name, results, elapsed=None):
+    """The lines `course check` prints for one exercise: failures in full, passes counted."""
+    passed = sum(r.ok for r in results)
+    timing = f" in {elapsed:.1f} s" if elapsed is not None else ""
+    lines = [f"{name}: {passed} of {len(results)} checks pass{timing}"]
+    if results and all("NotImplementedError" in r.line for r in results):
+        first = results[0]
+        head, _, rest = first.line.partition(f", {first.title}: ")
+        return lines + [f"  FAIL {head}, every case: {rest}"] + \
+            ["       hint: " + h for h in first.hints]
+    for r in results:
+        if not r.ok:
+            lines.append("  FAIL " + r.line)
+            lines += ["       hint: " + h for h in r.hints]
+    return lines
+
+
+def timed_grade(name, impl, **kwargs):
+    start = time.monotonic()
+    results = run_grader(name, impl, **kwargs)
+    return results, time.monotonic() - start

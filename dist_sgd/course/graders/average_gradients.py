@@ -1,0 +1,104 @@
+"""Lesson 06's average_gradients(model): every .grad replaced by its mean over the ranks, in
+place, so that p ranks on their shards step as one process on the global batch."""
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dist_sgd.course.grade import Grader
+
+grader = Grader("average_gradients", error_hints={
+    "NoneType": "a parameter whose .grad is None (frozen, or not used in this forward pass) "
+                "has nothing to average: skip it",
+    "must be contiguous": "all-reduce a contiguous tensor: p.grad itself, or a .contiguous() "
+                          "copy written back"})
+PER_RANK = 3  # odd on purpose
+
+
+class Awkward(nn.Module):
+    """A frozen weight, a layer never used, a weight tied between two layers, a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(20, 12)
+        self.frozen = nn.Linear(12, 12)
+        self.frozen.weight.requires_grad_(False)
+        self.a, self.b = nn.Linear(12, 12), nn.Linear(12, 12)
+        self.b.weight = self.a.weight  # one Parameter, two uses: its .grad already sums both
+        self.unused = nn.Linear(12, 5)
+        self.head = nn.Linear(12, 5)
+        self.register_buffer("running", torch.zeros(12))
+
+    def forward(self, x):
+        h = torch.tanh(self.b(torch.tanh(self.a(self.frozen(torch.tanh(self.inp(x)))))))
+        return F.log_softmax(self.head(h), dim=1)
+
+
+def _setup(ctx, step=0):
+    torch.manual_seed(0)  # the same model on every rank
+    ref = Awkward().double()
+    g = torch.Generator().manual_seed(7 + step)
+    x = torch.randn(PER_RANK * ctx.world_size, 20, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 5, (PER_RANK * ctx.world_size,), generator=g)
+    return ref, x, y
+
+
+def _mine(ctx, x, y):
+    part = slice(ctx.rank * PER_RANK, (ctx.rank + 1) * PER_RANK)
+    return x[part], y[part]
+
+
+@grader.case("one step of a model with frozen, unused and tied parameters")
+def one_step(ctx):
+    ref, x, y = _setup(ctx)
+    model = copy.deepcopy(ref)
+    F.nll_loss(ref(x), y).backward()  # one process, the global batch
+    F.nll_loss(model(*_mine(ctx, x, y)[:1]), _mine(ctx, x, y)[1]).backward()
+    own = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    ctx.call(ctx.impl.average_gradients, model)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        if q.grad is None:
+            ctx.expect(p.grad is None, f"{name}.grad is set, expected None",
+                       ["a frozen or unused parameter has no gradient: leave its .grad None"])
+            continue
+        ctx.expect(p.grad is not None, f"{name}.grad is None after the call")
+        ctx.expect_close(p.grad, q.grad, f"{name}.grad", atol=1e-12, rtol=1e-9,
+                         own=own[name] if ctx.world_size > 1 else None)
+
+
+@grader.case("three steps of SGD with momentum: the weights of one process")
+def three_steps(ctx):
+    ref, _, _ = _setup(ctx)
+    model = copy.deepcopy(ref)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(3):
+        _, x, y = _setup(ctx, step)
+        opt_ref.zero_grad()
+        F.nll_loss(ref(x), y).backward()
+        opt_ref.step()
+        opt.zero_grad()
+        xs, ys = _mine(ctx, x, y)
+        F.nll_loss(model(xs), ys).backward()
+        ctx.call(ctx.impl.average_gradients, model)
+        opt.step()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        ctx.expect_close(p.detach(), q.detach(), f"{name} after 3 steps", atol=1e-10, rtol=1e-8)
+    ctx.expect_same_on_every_rank(torch.cat([p.detach().flatten() for p in model.parameters()]),
+                                  "the weights after 3 steps")
+
+
+@grader.case("the tied weight reduced once, the buffer left alone")
+def once_each(ctx):
+    ref, x, y = _setup(ctx)
+    model = copy.deepcopy(ref)
+    F.nll_loss(model(_mine(ctx, x, y)[0]), _mine(ctx, x, y)[1]).backward()
+    with_grad = sum(p.grad is not None for p in model.parameters())
+    ctx.call(ctx.impl.average_gradients, model)
+    calls = sum(n for name, n in ctx.calls.items() if name in ("all_reduce", "reduce"))
+    ctx.expect(calls <= with_grad, f"{calls} all-reduces for {with_grad} gradients", [
+        "model.parameters() lists the tied weight once; walking the modules' own parameters "
+        "reduces it twice (the same mean, twice the traffic)"])
+    ctx.expect(torch.equal(model.running, ref.running), "the buffer changed",
+               ["average the parameters' gradients only: buffers are not gradients"])

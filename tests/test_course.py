@@ -1,0 +1,188 @@
+"""The course command and its proofs: every skeleton fails every case of its grader, every wrong
+version in tests/mutants/ is rejected by the case meant to catch it (with a line naming a rank),
+every independent right version passes, and a learner's folder works end to end.
+
+The graders themselves pass the reference through the switch in tests/test_graders.py.
+"""
+import ast
+import glob
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dist_sgd.course import grade
+from dist_sgd.course.exercises import EXERCISES, ROOT, get, select
+from dist_sgd.course.skeleton import reference, skeleton
+
+MUTANTS = sorted(glob.glob(os.path.join(ROOT, "tests", "mutants", "*__*.py")))
+WRONG = [m for m in MUTANTS if "__right_" not in m]
+RIGHT = [m for m in MUTANTS if "__right_" in m]
+
+
+def exercise_of(path):
+    return get(os.path.basename(path).split("__")[0])
+
+
+def caught_by(path):
+    tree = ast.parse(open(path).read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and node.targets[0].id == "CAUGHT_BY":
+            return node.value.value
+    raise AssertionError(f"{path} names no CAUGHT_BY case")
+
+
+def cases(exercise):
+    return importlib.import_module(exercise.grader).grader.cases
+
+
+@pytest.fixture
+def quick_timeouts(monkeypatch):
+    """A wrong version that deadlocks costs the operation timeout: short ones here."""
+    monkeypatch.setattr(grade, "OPERATION_TIMEOUT", 5.0)
+    monkeypatch.setattr(grade, "CASE_DEADLINE", 15.0)
+
+
+def by_exercise(paths):
+    return [pytest.param(p, id=os.path.basename(p)[:-3],
+                         marks=getattr(pytest.mark, exercise_of(p).marker)) for p in paths]
+
+
+def each_exercise():
+    return [pytest.param(e, id=e.name, marks=getattr(pytest.mark, e.marker)) for e in EXERCISES]
+
+
+# ---- the registry, the skeletons, the wrong versions -------------------------------------------
+
+def test_the_course_has_at_least_twelve_exercises_along_the_lessons():
+    assert len(EXERCISES) >= 12, [e.name for e in EXERCISES]
+    assert len({e.name for e in EXERCISES}) == len(EXERCISES)
+    assert [e.lesson for e in EXERCISES] == sorted(e.lesson for e in EXERCISES)
+
+
+@pytest.mark.parametrize("exercise", each_exercise())
+def test_the_skeleton_keeps_names_and_blanks_every_region(exercise):
+    text = skeleton(exercise)
+    tree = ast.parse(text)  # it compiles
+    top = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assert set(exercise.symbols) <= top
+    assert f"hint {exercise.name}" in text and "NotImplementedError" in text
+    assert "---- exercise" not in text and "---- end of exercise" not in text
+    ast.parse(reference(exercise))
+    assert "NotImplementedError(" not in reference(exercise).replace(
+        "NotImplementedError(\"", "")  # the reference's own raises may stay, none of ours
+    assert len(exercise.hints) >= 3, "hints from gentle to nearly the answer"
+    wrong = [m for m in WRONG if exercise_of(m) == exercise]
+    assert len(wrong) >= 2, f"{exercise.name}: at least two wrong versions in tests/mutants/"
+    for m in wrong:
+        assert caught_by(m) in cases(exercise), (m, caught_by(m), list(cases(exercise)))
+    with open(exercise.source_path) as f:
+        source = f.read()
+    assert f'swap_in(globals(), "{exercise.name}")' in source, "the switch at the module's end"
+    if exercise.lesson_file:
+        with open(os.path.join(ROOT, exercise.lesson_file)) as f:
+            assert f"course start {exercise.name}" in f.read(), "the lesson's exercises name it"
+
+
+@pytest.mark.parametrize("exercise", each_exercise())
+def test_the_untouched_skeleton_fails_every_case(exercise, tmp_path, quick_timeouts):
+    path = tmp_path / exercise.filename
+    path.write_text(skeleton(exercise))
+    results = grade.run_grader(exercise.name, ("file", str(path)))
+    assert {r.title for r in results} == set(cases(exercise)), "every case ran"
+    passed = [r.title for r in results if r.ok]
+    assert not passed, f"the skeleton passes {passed}"
+    assert all("NotImplementedError" in r.line and "rank" in r.line for r in results)
+
+
+@pytest.mark.parametrize("path", by_exercise(WRONG))
+def test_each_wrong_version_is_rejected_by_its_case(path, quick_timeouts):
+    exercise, title = exercise_of(path), caught_by(path)
+    results = grade.run_grader(exercise.name, ("file", path), titles=[title])
+    failed = [r for r in results if not r.ok]
+    assert failed, f"{os.path.basename(path)} passes '{title}' at every world size"
+    line = failed[0].line
+    assert f"{exercise.name}, world size" in line and ", rank " in line and title in line, line
+    assert len(failed[0].hints) <= 2
+
+
+@pytest.mark.parametrize("path", by_exercise(RIGHT))
+def test_each_independent_right_version_passes(path):
+    exercise = exercise_of(path)
+    results = grade.run_grader(exercise.name, ("file", path))
+    assert results and all(r.ok for r in results), "\n".join(grade.report(exercise.name, results))
+
+
+def test_a_failure_line_names_the_element_got_expected_and_the_tolerance(quick_timeouts):
+    path = os.path.join(ROOT, "tests", "mutants", "average_gradients__not_divided.py")
+    results = grade.run_grader("average_gradients", ("file", path), world_sizes=(2,),
+                               titles=[caught_by(path)])
+    line, hints = results[0].line, results[0].hints
+    assert "world size 2, rank 0" in line and "element [0, 0] is" in line, line
+    assert "expected" in line and "(tolerance 1e-12" in line, line
+    assert hints == ["the result is p = 2 times too big: summed but not divided by the world "
+                     "size"], hints
+
+
+def test_a_deadlock_is_a_failed_check_naming_a_rank_not_a_hang(quick_timeouts):
+    path = os.path.join(ROOT, "tests", "mutants", "ring_all_reduce__receive_first.py")
+    results = grade.run_grader("ring_all_reduce", ("file", path), world_sizes=(2,))
+    assert len(results) == 1 and results[0].hung, results  # after a hang nothing more runs
+    assert "no answer within the time limit" in results[0].line and "rank" in results[0].line
+    assert "post each receive before the send" in results[0].hints[0]
+
+
+def test_select_takes_names_lesson_numbers_and_all():
+    assert [e.name for e in select(["ring_all_reduce"])] == ["ring_all_reduce"]
+    assert select(["4"]) == select(["04"]) == [e for e in EXERCISES if e.lesson == "04"]
+    assert select(["all"]) == list(EXERCISES)
+    with pytest.raises(SystemExit, match="no exercise 'nope'"):
+        select(["nope"])
+
+
+# ---- the command, as a learner runs it -------------------------------------------------------
+
+def course(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "dist_sgd.course", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, **(env or {})))
+
+
+def test_start_check_fails_then_passes_once_written_and_start_never_overwrites(tmp_path):
+    folder = str(tmp_path / "mine")
+    started = course("start", "04", "--dir", folder)
+    assert started.returncode == 0, started.stderr
+    mine = os.path.join(folder, "ring_all_reduce.py")
+    assert "ring_all_reduce.py" in started.stdout and os.path.exists(mine)
+    assert open(os.path.join(folder, ".gitignore")).read().strip().endswith("*")
+    unsolved = course("check", "04", "--dir", folder)
+    assert unsolved.returncode == 1, unsolved.stdout + unsolved.stderr
+    assert "NotImplementedError" in unsolved.stdout and "rank 0" in unsolved.stdout
+    with open(mine, "w") as f:  # the learner writes the ring (here: an independent one)
+        f.write(open(os.path.join(ROOT, "tests", "mutants",
+                                  "ring_all_reduce__right_send_recv.py")).read())
+    again = course("start", "ring_all_reduce", "--dir", folder)
+    assert "already started" in again.stdout
+    assert "bounds" in open(mine).read(), "start overwrote the learner's work"
+    solved = course("check", "ring_all_reduce", "--dir", folder)
+    assert solved.returncode == 0, solved.stdout + solved.stderr
+    assert "16 of 16 checks pass" in solved.stdout, solved.stdout
+    progress = course("progress", "--dir", folder)
+    assert "ring_all_reduce           passing" in progress.stdout, progress.stdout
+    first, second = (course("hint", "04", "--dir", folder).stdout for _ in range(2))
+    assert "hint 1 of" in first and "hint 2 of" in second
+
+
+def test_the_switch_runs_a_lesson_on_the_learners_code(tmp_path):
+    (tmp_path / "average_gradients.py").write_text(open(os.path.join(
+        ROOT, "tests", "mutants", "average_gradients__right_tutorial.py")).read())
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "lessons", "06_distributed_sgd.py"),
+                          "--quick", "--world-size", "2"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env=dict(os.environ, DIST_SGD_MINE=str(tmp_path)))
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    using = [line for line in run.stderr.splitlines() if "using average_gradients from" in line]
+    assert len(using) >= 2, run.stderr[-2000:]  # the parent and every spawned rank, once each
+    assert len(using) == len(set(using)), "a process said it more than once"
+    assert "max difference" in run.stdout

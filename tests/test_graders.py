@@ -1,0 +1,35 @@
+"""The course's graders, one test per exercise (marker ex_<name>): the reference passes them.
+
+Each grader (dist_sgd/course/graders/<name>.py) compares the piece with torch's own on the
+same inputs at world sizes 1-4. Here the piece is the reference put in the learner's place
+through the same switch a learner's file uses (DIST_SGD_MINE), so this also proves the switch.
+With DIST_SGD_MINE already set, the learner's own folder is graded instead:
+
+    DIST_SGD_MINE=mine python3 -m pytest -q -m ex_average_gradients tests/test_graders.py
+"""
+import os
+
+import pytest
+
+from dist_sgd.course import grade
+from dist_sgd.course.exercises import EXERCISES
+from dist_sgd.course.mine import MINE
+from dist_sgd.course.skeleton import reference
+
+
+def each_exercise():
+    return [pytest.param(e, id=e.name, marks=getattr(pytest.mark, e.marker)) for e in EXERCISES]
+
+
+@pytest.mark.parametrize("exercise", each_exercise())
+def test_grader_passes(exercise, tmp_path):
+    folder = os.environ.get(MINE)
+    if folder is None:  # the reference, in a learner's folder
+        folder = str(tmp_path)
+        (tmp_path / exercise.filename).write_text(reference(exercise))
+    results = grade.run_grader(exercise.name, ("switch", os.path.abspath(folder)))
+    assert results and all(r.ok for r in results), "\n".join(grade.report(exercise.name, results))
+    tried = {(r.title, r.world_size) for r in results}
+    grader_cases = __import__(exercise.grader, fromlist=["grader"]).grader.cases
+    assert len(tried) == sum(len(c.world_sizes or exercise.world_sizes)
+                             for c in grader_cases.values()), "a case was skipped"
