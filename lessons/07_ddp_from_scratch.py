@@ -45,6 +45,8 @@ Exercises:
      does the trace show, and when does the first start?
   3. Comment out the rebuild in BucketedDDP.finish_gradient_synchronization: which check
      fails at --world-size 3, and why not at 2? (Hint: x / 2 and x / 4 are exact.)
+  4. Write step 2's hook yourself: `python3 -m dist_sgd.course start hook_ddp`, then
+     `python3 -m dist_sgd.course check hook_ddp` grades it against torch's DDP.
 """
 import time
 

@@ -71,6 +71,21 @@ EXERCISES = (
          "Divide by dist.get_world_size(), once: p.grad /= world_size (in place, so the "
          "optimizer sees it)."),
         world_sizes=(1, 2, 3, 4)),
+    Exercise(
+        "hook_ddp", "07", "dist_sgd.ddp.steps", ("HookDDP",),
+        "HookDDP._grad_ready: as soon as autograd has a parameter's gradient, start averaging "
+        "it over the ranks, asynchronously, and make backward() wait for every one at its end",
+        ("The hook runs once per parameter, while backward is still computing the layers below: "
+         "start the all-reduce and return at once (a Future), so the network works meanwhile.",
+         "An average is a sum divided by p: divide param.grad by self.world_size first, then "
+         "sum it in place: start_all_reduce(param.grad, self.all_reduce) returns its Future.",
+         "Nothing may use the gradients before they are summed: on the first gradient of a "
+         "backward (self._futures still empty) ask call_when_backward_ends to run "
+         "self.finish_gradient_synchronization, which waits for every Future.",
+         "if not self._futures: call_when_backward_ends(self.finish_gradient_synchronization); "
+         "param.grad.div_(self.world_size); future = start_all_reduce(param.grad, "
+         "self.all_reduce)"),
+        world_sizes=(1, 3)),
 )
 
 _BY_NAME = {e.name: e for e in EXERCISES}
