@@ -47,6 +47,7 @@ Exercises:
      fails at --world-size 3, and why not at 2? (Hint: x / 2 and x / 4 are exact.)
   4. Write step 2's hook yourself: `python3 -m dist_sgd.course start hook_ddp`, then
      `python3 -m dist_sgd.course check hook_ddp` grades it against torch's DDP.
+  5. Write step 3's launch of the buckets: `python3 -m dist_sgd.course start bucketed_ddp`.
 """
 import time
 
