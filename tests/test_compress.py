@@ -18,7 +18,6 @@ The conv weight (4 x 2 x 3 x 3, seen as a 4 x 18 matrix) and `side` (4 x 18) hav
 matrix shape but sit far apart: torch lays its P's and Q's out grouped by shape and the random
 Q's depend on that order. Both are compressed at rank 1 but not at rank 2 (min_compression_rate).
 """
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
