@@ -45,6 +45,9 @@ Exercises:
      does the trace show, and when does the first start?
   3. Comment out the rebuild in BucketedDDP.finish_gradient_synchronization: which check
      fails at --world-size 3, and why not at 2? (Hint: x / 2 and x / 4 are exact.)
+  4. Write step 2's hook yourself: `python3 -m dist_sgd.course start hook_ddp`, then
+     `python3 -m dist_sgd.course check hook_ddp` grades it against torch's DDP.
+  5. Write step 3's launch of the buckets: `python3 -m dist_sgd.course start bucketed_ddp`.
 """
 import time
 
@@ -53,8 +56,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from dist_sgd.comm import collectives
+from dist_sgd.comm.ordered import start_all_reduce
 from dist_sgd.ddp.bucketed import BucketedDDP
-from dist_sgd.ddp.hooks import start_all_reduce
 from dist_sgd.ddp.steps import HookDDP, NaiveDDP
 from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.figures import figure_path

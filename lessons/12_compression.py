@@ -17,7 +17,7 @@ dist_sgd/ddp/compress.py writes out three hooks, each proven equal to torch's ow
     lost. Warm start begins each power iteration from last step's Q.
 PowerSGD needs three all-reduces per bucket (vectors, P's, Q's), the Q's only once the P's are
 summed, so from a callback: with several buckets, every rank must still issue them in one order
-(dist_sgd/ddp/hooks.py: in_order), or gloo pairs one bucket's message with another's.
+(dist_sgd/comm/ordered.py: in_order), or gloo pairs one bucket's message with another's.
 
 This lesson, on 2 ranks (our DDP, Net's gradients in 3 buckets, our hooks):
   1. bytes each rank hands to all-reduce per step, counted by the hooks, for none / fp16 /
@@ -62,11 +62,12 @@ from torch.utils.data import Subset
 
 from dist_sgd.ddp import compress
 from dist_sgd.ddp.ddp import DistributedDataParallel
+from dist_sgd.ddp.grad_bucket import GradBucket
 from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.figures import COMPRESS_LINK, compress_link, compress_link_lines, read_csv
 from dist_sgd.plumbing.launch import launch, lesson_parser
 from dist_sgd.plumbing.rank import log
-from dist_sgd.scale.costmodel import human_bytes, link
+from dist_sgd.scale.costmodel import human_bytes, link, predict_compressed_step
 from dist_sgd.sgd.data import get_dataset
 from dist_sgd.sgd.models import BigNet, Net, init_weights
 from dist_sgd.sgd.train import evaluate, shard_loader
@@ -113,8 +114,8 @@ def same_gradients(train_set):  # our hooks and torch's on the same gradients, 5
         F.nll_loss(model(x), y).backward()
         grads = [p.grad for p in model.parameters()]
         for name, ((s1, ours), (s2, theirs)) in pairs.items():
-            a = ours(s1, compress.FlatBucket(grads)).wait()
-            b = theirs(s2, compress.FlatBucket(grads)).wait()
+            a = ours(s1, GradBucket.of(grads)).wait()
+            b = theirs(s2, GradBucket.of(grads)).wait()
             diffs[name] = max(diffs[name], max_diff(a, b))
     return diffs
 
@@ -172,8 +173,8 @@ def report(r):
         f"compute {compute * 1e3:.1f} ms (32 samples, here) ---")
     for gbit, latency_us in ((1, 50), (10, 25)):
         alpha, beta = link(gbit, latency_us)
-        cells = [(s, compress.predict_compressed_step(compute, big, p, "powerSGD" if k else s,
-                                                      alpha, beta, k or 1))
+        cells = [(s, predict_compressed_step(compute, big, p, "powerSGD" if k else s,
+                                             alpha, beta, k or 1))
                  for s, k in SCHEMES.items()]
         log(f"  {gbit:2d} Gbit/s: " + ", ".join(f"{s} {1e3 * t:.1f} ms" for s, t in cells))
 

@@ -9,7 +9,7 @@ DDP hands back plus the hook's memory. (torch's hooks on our DDP: tests/test_ddp
 Two layouts: one bucket, and several buckets (both DDPs build the same ones, torch's rules).
 On several buckets torch's powerSGD_hook, on torch's DDP and gloo, can hang or abort (its
 callbacks' all-reduces race with the next bucket's), so the reference runs it one bucket at a
-time (dist_sgd.ddp.hooks.in_order); ours orders itself.
+time (dist_sgd.comm.ordered.in_order); ours orders itself.
 
 The model's gradient matrices are full rank (batch 24 per rank > every layer's width, and a
 regression loss: cross-entropy's last-layer gradient has rows summing to zero), so
@@ -18,7 +18,6 @@ The conv weight (4 x 2 x 3 x 3, seen as a 4 x 18 matrix) and `side` (4 x 18) hav
 matrix shape but sit far apart: torch lays its P's and Q's out grouped by shape and the random
 Q's depend on that order. Both are compressed at rank 1 but not at rank 2 (min_compression_rate).
 """
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -29,10 +28,12 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 from torch.testing import assert_close
 
+from dist_sgd.comm.ordered import in_order
 from dist_sgd.ddp import compress
 from dist_sgd.ddp.ddp import DistributedDataParallel
-from dist_sgd.ddp.hooks import in_order
+from dist_sgd.ddp.grad_bucket import GradBucket
 from dist_sgd.plumbing.launch import launch
+from dist_sgd.scale.costmodel import link, predict_compressed_step, predict_step
 
 PER_RANK = 24
 STEPS = 5
@@ -256,13 +257,35 @@ def test_values_sent_matches_torch_stats(runs):
         assert sum(v for v, _ in compress.values_sent(shapes, "powerSGD", rank)) * steps == after
 
 
-def test_flat_bucket_hook_outside_ddp():
+def test_grad_bucket_outside_ddp():
     # One process (world size 1 over gloo would need a group): only the bookkeeping.
     grads = [torch.arange(6.0).view(2, 3), torch.tensor([7.0])]
-    bucket = compress.FlatBucket(grads)
+    bucket = GradBucket.of(grads)
     assert torch.equal(bucket.buffer(), torch.tensor([0, 1, 2, 3, 4, 5, 7.0]))
-    bucket.gradients()[0].mul_(2)
+    assert (bucket.index(), bucket.is_last(), bucket.parameters()) == (0, True, [])
+    bucket.gradients()[0].mul_(2)  # views of the buffer, shaped like the gradients
     assert bucket.buffer()[:6].tolist() == [0, 2, 4, 6, 8, 10]
+    assert grads[0].flatten().tolist() == [0, 1, 2, 3, 4, 5]  # a copy: the inputs stay
+    # set_buffer replaces the buffer, as torch's (fp16_compress_wrapper): views follow it
+    bucket.set_buffer(bucket.buffer().to(torch.float16))
+    assert [(g.dtype, g.shape) for g in bucket.gradients()] == \
+        [(torch.float16, (2, 3)), (torch.float16, (1,))]
+
+
+def test_cost_model_with_compression():
+    # Without compression a step is predict_step's (ring, no overlap) on the float32 bytes; on a
+    # network of latency only, PowerSGD's three all-reduces cost three times plain's one.
+    shapes = [p.shape for p in Model().parameters()]
+    total = sum(v for v, _ in compress.values_sent(shapes, "none"))
+    alpha, beta = link(1, 50)
+    plain = predict_compressed_step(0.01, shapes, 4, "none", alpha, beta)
+    assert plain == pytest.approx(predict_step(0.01, 4 * total, 4, "ring", alpha, beta)[0])
+    latency = [predict_compressed_step(0.01, shapes, 4, scheme, alpha, 0.0, rank=2) - 0.01
+               for scheme in ("none", "powerSGD")]
+    assert latency[1] == pytest.approx(3 * latency[0])
+    big = [(2048, 2048)]  # 16 MiB as 16 KiB of P and Q: fewer bytes pay for two more latencies
+    assert predict_compressed_step(0.01, big, 4, "powerSGD", alpha, beta, 2) < \
+        predict_compressed_step(0.01, big, 4, "none", alpha, beta)
 
 
 def test_bad_settings_are_refused():

@@ -63,6 +63,7 @@ def _steps(rank, world_size, batch):
     from dist_sgd.beyond.local_sgd import LocalSGD
     from dist_sgd.ddp import compress
     from dist_sgd.ddp.ddp import DistributedDataParallel
+    from dist_sgd.ddp.grad_bucket import GradBucket
 
     model = build("bignet")
     model.eval()  # no dropout: the same arithmetic in every step
@@ -93,7 +94,7 @@ def _steps(rank, world_size, batch):
         opt.zero_grad()
         F.nll_loss(alone(x), y).backward()
         params = [p for p in alone.parameters()]
-        bucket = compress.FlatBucket([p.grad for p in params])
+        bucket = GradBucket.of([p.grad for p in params])
         compress.powerSGD_hook(state, bucket).wait()
         opt.step()
     steps["compute + PowerSGD arithmetic"] = compute_and_compress

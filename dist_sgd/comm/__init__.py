@@ -11,4 +11,6 @@
     ringviz         the ring replayed from its trace: a table and a GIF
     flat            many tensors as one flat buffer and back (buckets, flat all-reduces)
     counted         collectives started asynchronously, their bytes logged (FSDP, lessons)
+    ordered         collectives issued in one order per process: in_order, start_all_reduce
+                    (DDP's and FSDP's, also from callbacks and a helper thread)
 """

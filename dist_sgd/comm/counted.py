@@ -1,7 +1,7 @@
 """Collectives started asynchronously and counted: what a sharded wrapper sends, as issued.
 
 Counted starts each collective asynchronously (torch's with async_op=True; ours on the one
-ordered helper thread of dist_sgd.ddp.hooks, which every wrapper shares so that every rank
+ordered helper thread of dist_sgd.comm.ordered, which every wrapper shares so that every rank
 issues its collectives in one order) and logs (name, bytes) of each: the bytes per step are
 counted from what was issued, never computed from the model. FullyShardedDataParallel
 (dist_sgd.shard.fsdp) gathers and reduces through it; the lessons count DDP's all-reduce too.
@@ -9,7 +9,7 @@ counted from what was issued, never computed from the model. FullyShardedDataPar
 import torch.distributed as dist
 
 from dist_sgd.comm import collectives as ours
-from dist_sgd.ddp.hooks import start_all_reduce
+from dist_sgd.comm.ordered import start_all_reduce
 from dist_sgd.shard.zero import wire_bytes
 
 COLLECTIVES = {"torch": dist, "ours": ours}  # the same in-place signatures

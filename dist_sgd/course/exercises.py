@@ -126,6 +126,39 @@ EXERCISES = (
          "optimizer sees it)."),
         world_sizes=(1, 2, 3, 4)),
     Exercise(
+        "hook_ddp", "07", "dist_sgd.ddp.steps", ("HookDDP",),
+        "HookDDP._grad_ready: as soon as autograd has a parameter's gradient, start averaging "
+        "it over the ranks, asynchronously, and make backward() wait for every one at its end",
+        ("The hook runs once per parameter, while backward is still computing the layers below: "
+         "start the all-reduce and return at once (a Future), so the network works meanwhile.",
+         "An average is a sum divided by p: divide param.grad by self.world_size first, then "
+         "sum it in place: start_all_reduce(param.grad, self.all_reduce) returns its Future.",
+         "Nothing may use the gradients before they are summed: on the first gradient of a "
+         "backward (self._futures still empty) ask call_when_backward_ends to run "
+         "self.finish_gradient_synchronization, which waits for every Future.",
+         "if not self._futures: call_when_backward_ends(self.finish_gradient_synchronization); "
+         "param.grad.div_(self.world_size); future = start_all_reduce(param.grad, "
+         "self.all_reduce)"),
+        world_sizes=(1, 3)),
+    Exercise(
+        "bucketed_ddp", "07", "dist_sgd.ddp.bucketed", ("BucketedDDP",),
+        "BucketedDDP._launch_complete_buckets: start averaging every complete bucket from "
+        "self._next on, strictly in bucket order, each through in_order",
+        ("Every rank must issue the same all-reduces in the same order, so buckets go in index "
+         "order: bucket self._next first, and only once all of it is ready (bucket.ready).",
+         "One gradient can complete several buckets at once (at the end of backward the "
+         "unused parameters' buckets are filled together): keep launching while the next one "
+         "is complete, and stop at the last bucket.",
+         "A bucket's average: self.reduce(bucket) when a communication hook is set (the "
+         "gradients were copied unscaled), else _all_reduce(bucket.flat) (already times 1/p). "
+         "Either goes through in_order(start, later=...), later=True for a hook; keep its "
+         "Future in bucket.future.",
+         "while self._next < len(self.buckets) and all(self.buckets[self._next].ready): "
+         "bucket = self.buckets[self._next]; bucket.future = in_order(lambda b=bucket: "
+         "self.reduce(b) if self.reduce else _all_reduce(b.flat), later=self.reduce is not "
+         "None); self._next += 1"),
+        world_sizes=(1, 3)),
+    Exercise(
         "DataParallel", "08", "dist_sgd.ddp.data_parallel", ("scatter", "gather", "DataParallel"),
         "one process, several replicas: scatter the batch into chunks, run a replica on each "
         "in its own thread, gather the outputs into one; one backward sums the gradients",

@@ -19,10 +19,9 @@ _REFUSED = {
     "bucket_cap_mb_list": (None, "ours has one bucket_cap_mb"),
     "batched_grad_copy": (False, "not implemented in ours"),
 }
-# Accepted, though ours needs no switch for them: static_graph (ours rebuilds its buckets after
-# the first backward whatever the graph; torch's, with static_graph, after the second),
-# check_reduction (a no-op in torch too), dim (only matters for several devices per process).
-_ACCEPTED = {"static_graph", "check_reduction", "dim"}
+# Accepted, though ours needs no switch for them: check_reduction (a no-op in torch too), dim
+# (only matters for several devices per process).
+_ACCEPTED = {"check_reduction", "dim"}
 
 
 def check_torch_arguments(module, bucket_cap_mb, torch_arguments):

@@ -14,10 +14,17 @@
    - At its end the buckets are rebuilt, once, in the order the gradients became ready on rank 0
      (broadcast: every rank must hold the same buckets). Now each bucket fills up in one stretch
      of backward and is sent as soon as it is full, while autograd computes earlier layers.
+     rebuild_after=2 rebuilds one backward later (torch's static_graph=True: its first backward
+     only records the graph); backward passes that do not synchronize (no_sync) do not count.
+   - Parameters of different dtypes never share a bucket (one flat buffer each). In a rebuild,
+     buckets filled up to their cap come first, in the order they filled; the partly filled
+     last bucket of each dtype follows, the dtype whose first gradient was ready last first (so
+     a float64 bucket can come before a float32 one): the order torch's reducer gives them, and
+     the indices a communication hook sees.
    - bucket_cap_mb=None is torch's default: 25 MiB, but the first bucket only 1 MiB
      (dist._DEFAULT_FIRST_BUCKET_BYTES): the first gradients ready go out early instead of
      waiting for 25 MiB more of them. A number caps every bucket, the first one too.
-   - rebuild_buckets=False (torch's find_unused_parameters=True, where the order may change from
+   - rebuild_after=None (torch's find_unused_parameters=True, where the order may change from
      step to step) builds capped buckets in reverse parameter order once, and keeps them.
 2. Backward: a hook on each parameter fires when autograd has accumulated its gradient, which
    is copied into its bucket, times 1 / world size as torch does (summing those averages). A
@@ -34,16 +41,17 @@ Extension points (dist_sgd.ddp.ddp.DistributedDataParallel holds this class and 
         With a reduce, gradients are copied unscaled (torch's comm hooks divide themselves).
     on_event(event, **fields): called at "hook", "launch", "done", "flush" and "synchronized".
     sync: False makes the next backward only accumulate local gradients (no_sync).
-Every collective goes through hooks.in_order: a reduce may issue more from callbacks, later.
+Every collective goes through in_order (dist_sgd.comm.ordered): a reduce may issue more from
+callbacks, later.
 """
-import weakref
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from dist_sgd.comm.flat import views
-from dist_sgd.ddp.hooks import call_when_backward_ends, in_order
+from dist_sgd.comm.ordered import in_order
+from dist_sgd.course.mine import swap_in
+from dist_sgd.ddp.hooks import call_when_backward_ends, hook_gradients
 from dist_sgd.plumbing.rank import world
 from dist_sgd.sgd.sync import broadcast_parameters
 
@@ -55,16 +63,21 @@ def assign_buckets(tensors, caps):
 
     Walk the tensors in the given order, one open bucket per (device, dtype) (one flat buffer
     each); a bucket closes once it holds >= its cap in bytes, caps[0] for the first of its kind,
-    then caps[-1] (so one large tensor gets a bucket of its own). Closed ones first, then open."""
-    done, open_, size, closed = [], {}, {}, {}
+    then caps[-1] (so one large tensor gets a bucket of its own). Closed ones first, in the
+    order they closed; then the open ones, the kind seen first last (torch keeps the kinds in a
+    C++ unordered_map, which here yields them in reverse order of insertion: tests/test_ddp.py
+    compares this function with torch's dist._compute_bucket_assignment_by_size)."""
+    done, open_, size, closed, kinds = [], {}, {}, {}, []
     for i, t in enumerate(tensors):
         key = (t.device, t.dtype)
+        if key not in kinds:
+            kinds.append(key)
         open_.setdefault(key, []).append(i)
         size[key] = size.get(key, 0) + t.numel() * t.element_size()
         if size[key] >= caps[min(closed.get(key, 0), len(caps) - 1)]:
             done.append(open_.pop(key))
             size[key], closed[key] = 0, closed.get(key, 0) + 1
-    return done + list(open_.values())
+    return done + [open_[key] for key in reversed(kinds) if key in open_]
 
 
 class Bucket:
@@ -81,7 +94,7 @@ class BucketedDDP(nn.Module):
     """Gradients averaged over ranks, in buckets, during backward; see the module docstring."""
 
     def __init__(self, module, bucket_cap_mb=None, reduce=None, on_event=None,
-                 rebuild_buckets=True, init_sync=True):
+                 rebuild_after=1, init_sync=True):
         super().__init__()
         _, self.world_size = world("DistributedDataParallel")
         self.module, self.reduce, self.on_event, self.sync = module, reduce, on_event, True
@@ -96,17 +109,13 @@ class BucketedDDP(nn.Module):
         self._index = {p: i for i, p in enumerate(self._params)}
         cap = (25 if bucket_cap_mb is None else bucket_cap_mb) * MiB
         self._caps = [dist._DEFAULT_FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap, cap]
-        self._rebuild_due = rebuild_buckets
-        groups = assign_buckets(self._params, [float("inf")] if rebuild_buckets else self._caps)
+        # Synchronized backward passes until the rebuild (None: never, the first layout stays).
+        self._rebuild_in = rebuild_after
+        groups = assign_buckets(self._params, self._caps if rebuild_after is None
+                                else [float("inf")])
         self._build(self._params, sorted(groups, key=min)[::-1])  # as torch: last layers first
         self._used, self._order, self._next, self._counts = set(), [], 0, None
-        ddp = weakref.ref(self)  # the hooks must not keep a dropped wrapper alive
-
-        def hook(param):
-            if ddp() is not None:
-                ddp()._grad_ready(param)
-
-        self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in self._params]
+        self._hooks = hook_gradients(self._params, self._grad_ready)
 
     def _build(self, order, groups):
         self.buckets = [Bucket(i, [order[j] for j in g], [self._names[order[j]] for j in g])
@@ -146,15 +155,20 @@ class BucketedDDP(nn.Module):
         self._order.append(bucket.params[j])
 
     def _launch_complete_buckets(self):
+        """Launch the complete buckets from self._next on, strictly in bucket order."""
+        launched = self._next
+        # ---- exercise bucketed_ddp: start each complete bucket's average, in bucket order
         while self._next < len(self.buckets) and all(self.buckets[self._next].ready):
             bucket = self.buckets[self._next]
-            self._event("launch", bucket=bucket.index)
             bucket.future = in_order(lambda b=bucket: self.reduce(b) if self.reduce else
                                      _all_reduce(b.flat), later=self.reduce is not None)
+            self._next += 1
+        # ---- end of exercise
+        for bucket in self.buckets[launched:self._next]:
+            self._event("launch", bucket=bucket.index)
             if self.on_event is not None:  # chained: recorded before wait() returns
                 bucket.future = bucket.future.then(
                     lambda f, i=bucket.index: (self._event("done", bucket=i), f.value())[1])
-            self._next += 1
         if self._next == len(self.buckets) and self._counts is None:
             used = self.buckets[0].flat.new_tensor([p in self._used for p in self._params])
             self._counts = in_order(lambda: _all_reduce(used), later=False)
@@ -178,8 +192,10 @@ class BucketedDDP(nn.Module):
                         p.grad = mean.clone()  # a copy: the bucket is reused next step
                     elif used[p]:
                         p.grad.copy_(mean)
-            if self._rebuild_due:
-                self._rebuild()
+            if self._rebuild_in is not None:
+                self._rebuild_in -= 1
+                if self._rebuild_in == 0:
+                    self._rebuild()
         finally:
             for bucket in self.buckets:
                 bucket.ready, bucket.future = [False] * len(bucket.params), None
@@ -193,7 +209,7 @@ class BucketedDDP(nn.Module):
         in_order(lambda: dist.broadcast(order, 0, async_op=True).get_future(), False).wait()
         params = [self._params[i] for i in order.tolist()]
         self._build(params, assign_buckets(params, self._caps))
-        self._rebuild_due = False
+        self._rebuild_in = None
 
     def remove_hooks(self):
         """Detach this wrapper from the module's parameters (to wrap the module again)."""
@@ -204,3 +220,6 @@ class BucketedDDP(nn.Module):
 
 def _all_reduce(tensor):  # a Future of the summed tensor (all_reduce's holds a list of it)
     return dist.all_reduce(tensor, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+swap_in(globals(), "bucketed_ddp")  # DIST_SGD_MINE: a learner's version replaces ours

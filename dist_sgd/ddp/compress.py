@@ -3,7 +3,10 @@
 A communication hook replaces DDP's "average this bucket" with any function
 `hook(state, bucket) -> Future` whose value is the bucket's averaged flat gradient:
 
-    ddp_model.register_comm_hook(state, hook)       # torch's DDP (or ours, branch ddp)
+    ddp_model.register_comm_hook(state, hook)       # torch's DDP, or ours (dist_sgd.ddp.ddp)
+
+`bucket` has torch's GradBucket methods (ours: dist_sgd.ddp.grad_bucket.GradBucket, which also
+runs these hooks on plain tensors, outside DDP).
 
 Three hooks, each written out and equal to torch's (torch.distributed.algorithms.
 ddp_comm_hooks; tests/test_compress.py compares them on torch's DDP):
@@ -27,9 +30,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dist_sgd.comm.flat import copy_back, flatten, views
+from dist_sgd.comm.flat import copy_back, views
+from dist_sgd.comm.ordered import in_order
 from dist_sgd.course.mine import swap_in
-from dist_sgd.ddp.hooks import in_order
 
 
 def _group(process_group):
@@ -145,11 +148,11 @@ def powerSGD_hook(state, bucket):
     Three all-reduces per bucket: the plain vectors and the P's at once, the Q's once the P's
     are summed (Q = M^T P needs their sum), from a callback. With several buckets that callback
     would race with the next bucket's all-reduces, issued meanwhile by backward: ranks would
-    pair different collectives (gloo aborts). So each bucket runs in hooks.in_order: the next
-    bucket starts once this one's Q's are summed; no callback ever blocks a gloo thread. (torch's
-    powerSGD_hook waits inside its callbacks: on gloo, with several buckets, it can hang or
-    abort. On our DDP, which runs every hook in_order, it runs; on torch's, wrap it:
-    `lambda s, b: in_order(lambda: torch_powerSGD_hook(s, b))`.)
+    pair different collectives (gloo aborts). So each bucket runs in_order (dist_sgd.comm.
+    ordered): the next bucket starts once this one's Q's are summed; no callback ever blocks a
+    gloo thread. (torch's powerSGD_hook waits inside its callbacks: on gloo, with several
+    buckets, it can hang or abort. On our DDP, which runs every hook in_order, it runs; on
+    torch's, wrap it: `lambda s, b: in_order(lambda: torch_powerSGD_hook(s, b))`.)
     """
     return in_order(lambda: _power_sgd(state, bucket))
 
@@ -281,35 +284,6 @@ def _completing(result, step, last=True):
     return callback
 
 
-class FlatBucket:
-    """A bucket outside DDP: gradients copied into one flat buffer, with GradBucket's methods,
-    so any hook (ours or torch's) can run on plain tensors. After the hook's future is done,
-    .gradients() hold the averaged gradients."""
-
-    def __init__(self, gradients, index=0, is_last=True):
-        self._buffer = flatten(gradients)
-        self._views = views(self._buffer, gradients)
-        self._index, self._last = index, is_last
-
-    def buffer(self):
-        return self._buffer
-
-    def set_buffer(self, tensor):
-        self._buffer.copy_(tensor)
-
-    def index(self):
-        return self._index
-
-    def is_last(self):
-        return self._last
-
-    def gradients(self):
-        return list(self._views)
-
-    def parameters(self):
-        return []
-
-
 def counted(hook, counter, bytes_per_value=4):
     """`hook`, counting into `counter` ({"bytes": 0, "steps": 0}) the steps and, for a hook
     without state (allreduce, fp16), the bytes it hands to all-reduce. PowerSGD counts its own
@@ -344,18 +318,6 @@ def values_sent(shapes, scheme, rank=1, min_compression_rate=2):
         else:
             plain += n * m
     return [(plain, 4), (p_values, 4), (q_values, 4)]
-
-
-def predict_compressed_step(compute_s, shapes, world_size, scheme, alpha, beta, rank=1,
-                            compress_s=0.0):
-    """The cost model (dist_sgd.scale.costmodel) with compression: seconds per step on a network
-    (alpha, beta), ring all-reduce, no overlap: compute + compression work + every all-reduce
-    of values_sent (PowerSGD pays three latencies where plain all-reduce pays one)."""
-    from dist_sgd.scale.costmodel import predict_all_reduce
-
-    comm = sum(predict_all_reduce("ring", values * width, world_size, alpha, beta)
-               for values, width in values_sent(shapes, scheme, rank))
-    return compute_s + (compress_s if scheme != "none" else 0.0) + comm
 
 
 swap_in(globals(), "fp16_compress_hook")  # DIST_SGD_MINE: a learner's version replaces this one

@@ -2,7 +2,7 @@
 
 All three wrappers are used the same way, so the training loop never changes:
 
-    model = Wrapper(Net())            # NaiveDDP, HookDDP or ddp.DistributedDataParallel
+    model = Wrapper(Net())            # NaiveDDP, HookDDP or bucketed.BucketedDDP
     loss.backward()
     model.finish_gradient_synchronization()   # step 1 does all its work here; 2 and 3 are done
     opt.step()
@@ -15,17 +15,19 @@ while earlier layers' gradients are still being computed. One message per parame
 many small messages each pay the network's start-up latency. And it assumes every rank
 produces every gradient, in the same order: a parameter unused on one rank only makes the
 ranks pair up different all-reduces (an error, or a hang until the timeout).
-Step 3, dist_sgd.ddp.ddp.DistributedDataParallel: the same hooks, but gradients are packed into
-buckets of ~25 MiB, launched strictly in bucket order, and unused parameters are flushed at the
-end of backward: fewer, larger messages, still overlapped, and no hang.
+Step 3, the core BucketedDDP (dist_sgd/ddp/bucketed.py): the same hooks, but gradients are
+packed into buckets in torch's layout, launched strictly in bucket order, and unused parameters
+are flushed at the end of backward: fewer, larger messages, still overlapped, and no hang.
+(dist_sgd.ddp.ddp.DistributedDataParallel puts torch's interface around that core.)
 """
 import time
-import weakref
 
 import torch.distributed as dist
 import torch.nn as nn
 
-from dist_sgd.ddp.hooks import call_when_backward_ends, start_all_reduce
+from dist_sgd.comm.ordered import start_all_reduce
+from dist_sgd.course.mine import swap_in
+from dist_sgd.ddp.hooks import call_when_backward_ends, hook_gradients
 from dist_sgd.sgd.sync import average_gradients, broadcast_parameters
 
 
@@ -55,27 +57,23 @@ class HookDDP(nn.Module):
         broadcast_parameters(module, src=0)
         self._names = {p: n for n, p in module.named_parameters()}
         self._futures = []  # the all-reduces in flight
-        ddp = weakref.ref(self)  # the hooks must not keep a dropped wrapper alive
-
-        def hook(param):
-            if ddp() is not None:
-                ddp()._grad_ready(param)
-
-        self._hooks = [p.register_post_accumulate_grad_hook(hook)
-                       for p in module.parameters() if p.requires_grad]
+        self._hooks = hook_gradients([p for p in module.parameters() if p.requires_grad],
+                                     self._grad_ready)
 
     def forward(self, *inputs, **kwargs):
         return self.module(*inputs, **kwargs)
 
     def _grad_ready(self, param):
         """Autograd accumulated param.grad: start averaging it at once."""
-        if not self._futures:  # first gradient of this backward: wait for all at its end
-            call_when_backward_ends(self.finish_gradient_synchronization)
         name = self._names[param]
         self._record("hook", param=name)
+        # ---- exercise hook_ddp: start averaging param.grad asynchronously; backward waits for it
+        if not self._futures:  # first gradient of this backward: wait for all at its end
+            call_when_backward_ends(self.finish_gradient_synchronization)
         param.grad.div_(self.world_size)  # SUM of grad / world_size = the average
-        self._record("launch", param=name)
         future = start_all_reduce(param.grad, self.all_reduce)
+        # ---- end of exercise
+        self._record("launch", param=name)
         if self.trace is not None:
             future = future.then(lambda f: (self._record("done", param=name), f.value())[1])
         self._futures.append(future)
@@ -88,3 +86,6 @@ class HookDDP(nn.Module):
     def _record(self, event, **fields):
         if self.trace is not None:
             self.trace.append(dict(event=event, t=time.perf_counter(), **fields))
+
+
+swap_in(globals(), "hook_ddp")  # DIST_SGD_MINE: a learner's version replaces ours

@@ -46,7 +46,7 @@ before the all-gather (half the bytes) and the module computes in that dtype (th
 inputs of the root and of every unit are cast, as torch casts each fully_shard module's;
 outputs come out in it); shards, gradients (reduced in float32) and optimizer state stay
 float32. collectives="ours": dist_sgd.comm.collectives' all_gather / reduce_scatter /
-all_reduce (run on the one ordered helper thread of dist_sgd.ddp.hooks), "torch": torch's;
+all_reduce (run on the one ordered helper thread of dist_sgd.comm.ordered), "torch": torch's;
 either through dist_sgd.comm.counted, which logs what is sent.
 
 As torch's: no_sync() keeps every gradient aside at full size, so opt.zero_grad() before the

@@ -4,7 +4,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 from dist_sgd.comm.flat import copy_back, views
-from dist_sgd.ddp.hooks import in_order
+from dist_sgd.comm.ordered import in_order
 from dist_sgd.ddp.compress import _completing, _group, allreduce_hook, orthogonalize, should_compress
 
 

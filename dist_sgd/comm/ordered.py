@@ -1,0 +1,115 @@
+"""Collectives issued in one order per process, also from callbacks and helper threads.
+
+Collectives are paired across ranks by the order each rank issues them. DDP and FSDP issue
+theirs while backward runs, some from callbacks of earlier ones, some from a helper thread;
+this module keeps one order anyway:
+
+- in_order(start): run start(), which issues collectives, only after every earlier in_order
+  call has issued all of its own: every rank issues them in one order, also when some are
+  issued from callbacks (a PowerSGD bucket's P, then Q).
+- start_all_reduce(tensor, all_reduce): an all-reduce that runs while backward goes on,
+  returned as a torch.futures.Future, for torch's dist.all_reduce and for a hand-written,
+  blocking one such as dist_sgd.comm.collectives.all_reduce (on one shared helper thread).
+"""
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import torch.distributed as dist
+
+# ---- one order of collectives per process -------------------------------------------------
+# A DDP bucket's plain all-reduce is issued when the bucket is launched, in bucket order: the
+# same on every rank. But a communication hook may issue more collectives later, from a
+# callback of its first one (PowerSGD: the P's once the vectors are summed, the Q's once the
+# P's are), on whichever thread finished that. Meanwhile backward launches the next bucket on
+# the main thread: one rank issues "bucket 0's Q, bucket 1's vectors", its peer the reverse,
+# and gloo pairs two messages of different sizes (it aborts: "Received data size doesn't match
+# expected size"). So every such collective goes through one chain per process: the next
+# starts only once the previous has issued everything it will issue.
+_tail = torch.futures.Future()  # done when the last start queued has issued all it will
+_tail.set_result(None)
+_tail_lock = threading.Lock()
+_starting = threading.local()  # set while a start runs: an in_order call inside it is part of it
+
+
+def in_order(start, later=True):
+    """Call start() -> Future once every earlier in_order call has issued all its collectives;
+    returns a Future of start's Future's value (a failure in start is that Future's error).
+
+    later=True: start may issue more collectives until its Future is done (a comm hook), so
+    the next call waits for that. later=False: start issues everything before it returns (one
+    plain all-reduce), so the next may follow at once and plain buckets still overlap.
+    A call made while a start is running (a hook that orders itself, inside our DDP's chain)
+    runs at once: it is part of that start."""
+    global _tail
+    if getattr(_starting, "active", False):
+        return start()
+    result, issued = torch.futures.Future(), torch.futures.Future()
+    with _tail_lock:
+        previous, _tail = _tail, (result if later else issued)
+
+    def run(_):
+        _starting.active = True
+        try:
+            future = start()
+        except BaseException as error:  # noqa: BLE001 - the caller's wait() raises it
+            result.set_exception(error)
+            return
+        finally:
+            _starting.active = False
+            issued.set_result(None)
+        future.add_done_callback(lambda f: _pass_on(f, result))
+
+    previous.add_done_callback(run)  # at once when previous is done; else when it is
+    return result
+
+
+def _pass_on(future, result):
+    try:
+        result.set_result(future.value())
+    except BaseException as error:  # noqa: BLE001
+        result.set_exception(error)
+
+
+# One helper thread per process, shared by every wrapper, for blocking all_reduce functions.
+# Why shared: every rank must issue its collectives in the same order, and a hand-written
+# all_reduce pairs its messages by order and tag. Two wrappers with a thread each (a GAN's G
+# and D in one backward) would run two all-reduces at once, and their messages would pair
+# with the wrong receives: wrong sums, or gloo aborting on a size mismatch. One FIFO thread
+# runs them one after the other, in the order the hooks started them (the same on every
+# rank, because every rank runs the same backward).
+_launcher = None
+_launcher_lock = threading.Lock()
+
+
+def _shared_launcher():
+    global _launcher
+    with _launcher_lock:
+        if _launcher is None:
+            _launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="all_reduce")
+        return _launcher
+
+
+def start_all_reduce(tensor, all_reduce=None):
+    """Start summing `tensor` over all ranks, in place; returns a Future of `tensor`.
+
+    all_reduce None (or dist.all_reduce): torch's, asynchronous already (its backend works
+    on its own threads). Otherwise a blocking function all_reduce(tensor) that sums over the
+    default group: it runs on the shared helper thread, and backward goes on meanwhile
+    (torch's kernels and our send/recv release the GIL).
+    """
+    if all_reduce is None or all_reduce is dist.all_reduce:
+        work = dist.all_reduce(tensor, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+    future = torch.futures.Future()
+
+    def run():
+        try:
+            all_reduce(tensor)
+        except BaseException as error:  # the caller's wait() raises it
+            future.set_exception(error)
+        else:
+            future.set_result(tensor)
+
+    _shared_launcher().submit(run)
+    return future

@@ -1,0 +1,118 @@
+"""Lesson 07's HookDDP(module), step 2: a hook on each parameter starts an asynchronous
+all-reduce of its gradient as soon as autograd has it, and backward() returns only once every
+one is averaged. Compared with torch's DistributedDataParallel on the same model and shards."""
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+from dist_sgd.course.grade import Grader
+
+grader = Grader("hook_ddp", error_hints={
+    "NoneType": "the hook runs once param.grad is accumulated: param.grad is set there (a "
+                "frozen parameter has no hook at all)",
+    "queue_callback": "call_when_backward_ends only works while backward runs: call it from "
+                      "the hook, not from __init__ or forward"})
+PER_RANK = 3
+LATE = 0.15 # seconds rank 0 waits before its backward: its peers' all-reduces must wait for it
+
+
+class Net(nn.Module):
+    """A frozen layer (no hook, no all-reduce) and a weight tied between two layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(10, 8)
+        self.frozen = nn.Linear(8, 8).requires_grad_(False)
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.b.weight = self.a.weight
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.frozen(torch.tanh(self.inp(x))))
+        return self.head(torch.tanh(self.b(torch.tanh(self.a(h)))))
+
+
+def _model(ctx):
+    torch.manual_seed(ctx.rank)  # ranks start apart: the wrapper takes rank 0's weights
+    return Net().double()
+
+
+def _shard(ctx, step):
+    g = torch.Generator().manual_seed(100 * step + ctx.rank)
+    return (torch.randn(PER_RANK, 10, generator=g, dtype=torch.float64),
+            torch.randint(0, 4, (PER_RANK,), generator=g))
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _torch_steps(ctx, steps):
+    """torch's DDP: the gradients of each step and the weights after them (SGD, momentum)."""
+    model = _model(ctx)
+    ddp = TorchDDP(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    grads = []
+    for step in range(steps):
+        x, y = _shard(ctx, step)
+        opt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        grads.append(_grads(model))
+        opt.step()
+    dist.barrier()  # no rank goes on while a peer's reducer is finishing
+    return grads, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _mine_steps(ctx, steps):
+    """The learner's HookDDP, rank 0 late to each backward; the gradients as backward()
+    returns them (nothing called after it), then the weights."""
+    model = _model(ctx)
+    wrapped = ctx.call(ctx.impl.HookDDP, model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    grads = []
+    for step in range(steps):
+        x, y = _shard(ctx, step)
+        opt.zero_grad()
+        loss = F.cross_entropy(wrapped(x), y)
+        if ctx.rank == 0:
+            time.sleep(LATE)
+        ctx.call(loss.backward)
+        grads.append(_grads(model))  # at once: what the optimizer would see
+        wrapped.finish_gradient_synchronization()  # harmless when done; lets a slow one land
+        opt.step()
+    dist.barrier()
+    return grads, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _expect_grads(ctx, got, want, step):
+    ctx.expect(set(got) == set(want), f"step {step}: gradients for {sorted(got)}, expected "
+               f"{sorted(want)}", ["a frozen parameter keeps .grad None: hook only the "
+                                   "parameters that require a gradient"])
+    for name in want:
+        ctx.expect_close(got[name], want[name], f"step {step}: {name}.grad when backward() "
+                         "returned", atol=1e-12, rtol=1e-9, hints=[
+                             "backward() must return with every gradient averaged: the first "
+                             "hook of each backward asks call_when_backward_ends to wait for "
+                             "all of them"])
+
+
+@grader.case("one backward: every gradient averaged when backward() returns, rank 0 late")
+def one_backward(ctx):
+    want, _ = _torch_steps(ctx, 1)
+    got, _ = _mine_steps(ctx, 1)
+    _expect_grads(ctx, got[0], want[0], 0)
+
+
+@grader.case("three steps of SGD with momentum: torch DDP's gradients and weights")
+def three_steps(ctx):
+    want, want_weights = _torch_steps(ctx, 3)
+    got, weights = _mine_steps(ctx, 3)
+    for step in range(3):
+        _expect_grads(ctx, got[step], want[step], step)
+    for name in want_weights:
+        ctx.expect_close(weights[name], want_weights[name], f"{name} after 3 steps",
+                         atol=1e-10, rtol=1e-8)
