@@ -23,7 +23,8 @@ HINTS = {
     "schedule": "the call number c = 0, 1, 2, ... of step() averages when c >= warmup_steps and "
                 "(c - warmup_steps) % period == 0: the first call averages, then every period-th",
     "params": "average the weights (after optimizer.step()), not the gradients",
-    "warmup": "no averaging during the first warmup_steps calls; then the first call averages",
+    "warmup": "no averaging during the first warmup_steps calls of step(); the next call "
+              "averages, then every period-th",
 }
 
 
@@ -52,18 +53,24 @@ def _train(ctx, model, steps, after_step, sync_gradients=False):
         after_step()
 
 
-def _against_torch(ctx, steps, period, warmup_steps=0, hints=()):
-    """Ours and torch's on this rank after `steps` steps; returns ours' LocalSGD."""
+def _against_torch(ctx, steps, period, warmup_steps=0, schedule_hint=HINTS["schedule"]):
+    """Ours and torch's on this rank after `steps` steps: how often each averaged (ours:
+    local.syncs, which the lesson reads), then the weights."""
     ref, mine = _model(), _model()
     averager = PeriodicModelAverager(period=period, warmup_steps=warmup_steps)
     _train(ctx, ref, steps, lambda: averager.average_parameters(ref.parameters()))
     local = ctx.call(ctx.impl.LocalSGD, mine.parameters(), period=period,
                      warmup_steps=warmup_steps)
     _train(ctx, mine, steps, lambda: ctx.call(local.step))
+    due = [c for c in range(steps) if c >= warmup_steps and (c - warmup_steps) % period == 0]
+    syncs = getattr(local, "syncs", None)
+    ctx.expect(syncs == len(due), f"averaged {syncs} times in {steps} steps (local.syncs), "
+               f"expected {len(due)}: after steps {', '.join(map(str, due))}",
+               [schedule_hint] if syncs else ["average through self.sync(): it counts "
+                                              "self.syncs, which the lesson reads"])
     for (name, p), q in zip(mine.named_parameters(), ref.parameters()):
         ctx.expect_close(p.detach(), q.detach(), f"{name} after {steps} steps", atol=ATOL,
-                         rtol=RTOL, hints=list(hints))
-    return local
+                         rtol=RTOL, hints=[HINTS["params"]])
 
 
 @grader.case("average_parameters: every parameter becomes the ranks' mean, in place")
@@ -92,12 +99,9 @@ def period_one(ctx):
 
 @grader.case("period 3, 7 steps: torch's PeriodicModelAverager's weights on every rank")
 def period_three(ctx):
-    local = _against_torch(ctx, 7, 3, hints=[HINTS["schedule"], HINTS["params"]])
-    ctx.expect(getattr(local, "syncs", None) == 3, f"local.syncs is "
-               f"{getattr(local, 'syncs', None)} after 7 steps, expected 3 (steps 0, 3, 6)",
-               ["average through self.sync(): it counts self.syncs, which the lesson reads"])
+    _against_torch(ctx, 7, 3)
 
 
 @grader.case("period 2 after warmup_steps 3, 8 steps: torch's weights on every rank")
 def warmup(ctx):
-    _against_torch(ctx, 8, 2, warmup_steps=3, hints=[HINTS["warmup"], HINTS["schedule"]])
+    _against_torch(ctx, 8, 2, warmup_steps=3, schedule_hint=HINTS["warmup"])

@@ -1,7 +1,6 @@
 """Lesson 05's ShardSampler: index for index torch's DistributedSampler, on every rank, for
 dataset lengths that divide by the world size and not (smaller than it too), shuffled or
 not, with drop_last or padding, several seeds, epochs 0 and 1 through set_epoch."""
-import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from dist_sgd.course.grade import Grader
@@ -48,6 +47,10 @@ def _indices(ctx, n, epoch=0, **options):
     return got, list(torchs), ctx.call(len, sampler)
 
 
+def _nth(i):
+    return {0: "first", 1: "second", 2: "third"}.get(i, f"{i + 1}th")
+
+
 def _compare(ctx, cases, hints):
     """cases: [(n, epoch, options)]: every one's indices and length equal torch's."""
     for n, epoch, options in cases:
@@ -55,9 +58,11 @@ def _compare(ctx, cases, hints):
         what = f"n = {n}, epoch {epoch}, " + ", ".join(f"{k}={v}" for k, v in options.items())
         ctx.expect(len(got) == len(expected), f"{what}: {len(got)} indices on this rank, "
                    f"expected {len(expected)}", hints)
-        ctx.expect_close(torch.tensor(got, dtype=torch.long),
-                         torch.tensor(expected, dtype=torch.long), f"{what}: the indices", atol=0,
-                         hints=hints)
+        wrong = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)
+        if wrong is not None:
+            ctx.fail(f"{what}: this rank's {_nth(wrong)} index is {got[wrong]}, expected "
+                     f"{expected[wrong]} (its first ones: {got[:8]}, expected {expected[:8]})",
+                     hints)
         ctx.expect(length == len(expected), f"{what}: len(sampler) is {length}, expected "
                    f"{len(expected)} (what one epoch yields)", hints)
 
