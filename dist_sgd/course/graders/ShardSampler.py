@@ -47,10 +47,6 @@ def _indices(ctx, n, epoch=0, **options):
     return got, list(torchs), ctx.call(len, sampler)
 
 
-def _nth(i):
-    return {0: "first", 1: "second", 2: "third"}.get(i, f"{i + 1}th")
-
-
 def _compare(ctx, cases, hints):
     """cases: [(n, epoch, options)]: every one's indices and length equal torch's."""
     for n, epoch, options in cases:
@@ -60,9 +56,11 @@ def _compare(ctx, cases, hints):
                    f"expected {len(expected)}", hints)
         wrong = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)
         if wrong is not None:
-            ctx.fail(f"{what}: this rank's {_nth(wrong)} index is {got[wrong]}, expected "
-                     f"{expected[wrong]} (its first ones: {got[:8]}, expected {expected[:8]})",
-                     hints)
+            start = max(0, wrong - 3)
+            near = slice(start, start + 7)
+            ctx.fail(f"{what}: this rank's index at position {wrong} is {got[wrong]}, expected "
+                     f"{expected[wrong]} (from position {start}: {got[near]}, expected "
+                     f"{expected[near]})", hints)
         ctx.expect(length == len(expected), f"{what}: len(sampler) is {length}, expected "
                    f"{len(expected)} (what one epoch yields)", hints)
 
