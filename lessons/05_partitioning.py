@@ -27,6 +27,10 @@ Run:
     torchrun --standalone --nproc-per-node 2 lessons/05_partitioning.py
 
 Exercises:
+  0. Write ShardSampler yourself: `python3 -m dist_sgd.course start ShardSampler`, then
+     `python3 -m dist_sgd.course check ShardSampler` compares it, index for index, with
+     DistributedSampler at world sizes 1-4 (shuffled or not, padded or drop_last, two
+     epochs), and `DIST_SGD_MINE=mine python3 lessons/05_partitioning.py` runs this lesson on it.
   1. Give one rank a different seed (ShardSampler(..., seed=rank)): what does the shard
      report say now? Why must the seed be the same everywhere?
   2. Forget sampler.set_epoch(epoch): print two epochs' shards. What stays the same?

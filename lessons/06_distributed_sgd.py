@@ -53,6 +53,10 @@ Exercises:
      off? What should average_gradients divide by instead?
   3. Run the checks in train mode (dropout on): how large is the difference now, and why?
   4. Try --batch-size 64 --world-size 3: what does per_rank_batch say?
+  5. Write the SGD update yourself: `python3 -m dist_sgd.course start SGD` (momentum,
+     dampening, Nesterov, weight decay, maximize); `python3 -m dist_sgd.course check SGD`
+     compares it with torch.optim.SGD step by step, and `DIST_SGD_MINE=mine python3
+     lessons/06_distributed_sgd.py` trains this lesson with it.
 """
 import copy
 import time

@@ -49,6 +49,10 @@ Run:
     #   python -m dist_sgd.scale.cluster ... lessons/15_beyond_sync.py   (nothing here changes)
 
 Exercises:
+  0. Write local SGD's averaging yourself: `python3 -m dist_sgd.course start LocalSGD`, then
+     `python3 -m dist_sgd.course check LocalSGD` compares the weights with torch's
+     PeriodicModelAverager at world sizes 1-4 (and H = 1 with all-reduce SGD), and
+     `DIST_SGD_MINE=mine python3 lessons/15_beyond_sync.py` runs this lesson on yours.
   1. Pass staleness_aware=True to the async server: lr / staleness. What happens to the loss?
   2. Make the straggler 10x slower (SLOW): which method suffers, which does not notice?
   3. Give LocalSGD outer_lr=0.7, outer_momentum=0.9, nesterov=True (DiLoCo) with H = 16.

@@ -25,12 +25,14 @@ the average: plain local SGD again.
 import torch
 import torch.distributed as dist
 
-from dist_sgd.comm.flat import copy_back, flatten, views
+from dist_sgd.comm.flat import copy_back, flatten
+from dist_sgd.course.mine import swap_in
 from dist_sgd.plumbing.rank import world
 
 
 def average_parameters(params, group=None):
     """Replace every parameter by its mean over the ranks: one all-reduce of a flat copy."""
+    # ---- exercise LocalSGD: every parameter replaced, in place, by its mean over the ranks
     params = list(params)
     flat = flatten(params)
     world_size = world(group=group)[1]
@@ -38,7 +40,7 @@ def average_parameters(params, group=None):
         dist.all_reduce(flat, group=group)
         flat /= world_size
     copy_back(flat, params)
-    return flat
+    # ---- end of exercise
 
 
 def _parameters(params):
@@ -78,20 +80,26 @@ class LocalSGD:
 
     def step(self):
         """After optimizer.step(): average the weights if this step is due. True if it did."""
-        due = self.counter >= self.warmup_steps and (self.counter - self.warmup_steps) % self.period == 0
+        # ---- exercise LocalSGD: call self.sync() on the steps torch's PeriodicModelAverager would
+        due = self.counter >= self.warmup_steps and \
+            (self.counter - self.warmup_steps) % self.period == 0
         if due:
             self.sync()
         self.counter += 1
         return due
+        # ---- end of exercise
 
     @torch.no_grad()
     def sync(self):
-        average = average_parameters(self.params, self.group)
+        average_parameters(self.params, self.group)
         self.syncs += 1
         if self.outer is None:
             return
-        for a, mean in zip(self.anchor, views(average, self.anchor)):
+        for a, mean in zip(self.anchor, self.params):
             a.grad = a.detach() - mean  # outer gradient: how far the average moved from the anchor
         self.outer.step()
         for p, a in zip(self.params, self.anchor):  # every rank restarts from the new anchor
             p.copy_(a)
+
+
+swap_in(globals(), "LocalSGD")  # DIST_SGD_MINE: a learner's version replaces ours

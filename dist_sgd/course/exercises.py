@@ -46,7 +46,8 @@ class Exercise:
         return os.path.join("lessons", names[0]) if names else None
 
 
-EXERCISES = (
+# In the lessons' order (sorted below: an entry may be added anywhere).
+EXERCISES = tuple(sorted((
     Exercise(
         "ring_sum", "02", "lessons/02_point_to_point.py", ("ring_sum",),
         "return the sum of every rank's tensor, passed p-1 times to the right around a ring "
@@ -113,6 +114,22 @@ EXERCISES = (
          "arriving chunk (r - s - 1) % p into place. Each message is one chunk, never all of x.",
          "In every step post the receive first: req = dist.irecv(inbox, left); "
          "dist.send(chunk, right); req.wait(). Receive into a buffer, then add or copy it."),
+        world_sizes=(1, 2, 3, 4)),
+    Exercise(
+        "ShardSampler", "05", "dist_sgd.sgd.partition", ("ShardSampler",),
+        "this rank's share of the dataset's indices, index for index DistributedSampler's: "
+        "one seeded order for all ranks, padded (or cut with drop_last) to a multiple of "
+        "num_replicas, then every num_replicas-th index from position rank",
+        ("Every rank must draw the same order without talking: seed a torch.Generator with "
+         "self.seed + self.epoch (set_epoch changes the epoch) and take torch.randperm(n, "
+         "generator=g).tolist(); with shuffle=False the order is 0, 1, ..., n - 1.",
+         "The length first: every rank gets the same count, math.ceil(n / num_replicas) (or "
+         "n // num_replicas with drop_last), so total_size = num_samples * num_replicas.",
+         "Without drop_last pad the order to total_size by repeating it from its start "
+         "(order + order[:padding], over and over when n < num_replicas); with drop_last cut "
+         "it: order[:total_size].",
+         "A strided split, not blocks: rank r takes order[r:total_size:num_replicas] "
+         "(positions r, r + R, r + 2R, ...), and __iter__ returns iter() of that list."),
         world_sizes=(1, 2, 3, 4)),
     Exercise(
         "average_gradients", "06", "dist_sgd.sgd.sync", ("average_gradients",),
@@ -256,7 +273,38 @@ EXERCISES = (
          "mean), then s.param.grad = out, or add it when .grad is already there; empty "
          "self.reducing and count the flat buffers' bytes back out of self.memory."),
         world_sizes=(1, 2, 3)),
-)
+    Exercise(
+        "SGD", "06", "dist_sgd.sgd.optim", ("SGD",),
+        "torch.optim.SGD's update of each parameter, in place: maximize, weight decay, "
+        "momentum (with dampening), Nesterov, the step; a parameter whose .grad is None is "
+        "skipped",
+        ("Work on a new tensor g, never on p.grad itself: g = -p.grad with maximize, else "
+         "p.grad; weight decay then adds the L2 penalty's gradient, g = g.add(p, "
+         "alpha=weight_decay). Skip p when p.grad is None.",
+         "Momentum (mu) lives in self.state[p][\"momentum_buffer\"]. On p's first step the "
+         "buffer is a copy of g (g.clone(): no dampening, no zeros); later b.mul_(mu).add_(g, "
+         "alpha=1 - tau), tau the dampening.",
+         "The direction to step: g + mu * b with nesterov, b without it, and g itself when "
+         "mu is 0.",
+         "Last, in place: p.add_(g, alpha=-lr). torch's order: maximize, weight decay, "
+         "momentum, nesterov, step."),
+        world_sizes=(1,)),
+    Exercise(
+        "LocalSGD", "15", "dist_sgd.beyond.local_sgd", ("average_parameters", "LocalSGD"),
+        "the weights averaged over the ranks every `period` steps, on torch's "
+        "PeriodicModelAverager's schedule: average_parameters(params), and LocalSGD.step's "
+        "rule (warm-up first)",
+        ("Average the parameters, not the gradients: after optimizer.step() each rank's copy "
+         "has moved on its own; they must all become their mean, in place.",
+         "average_parameters: one all-reduce of a flat copy does it: flat = flatten(params); "
+         "dist.all_reduce(flat); flat /= world_size; copy_back(flat, params).",
+         "The schedule counts step() calls from 0: call number c averages when c >= "
+         "warmup_steps and (c - warmup_steps) % period == 0, so the first call after the "
+         "warm-up averages, then every period-th.",
+         "step(): due = that test; if due: self.sync() (it calls your average_parameters and "
+         "counts self.syncs); self.counter += 1; return due."),
+        world_sizes=(1, 2, 3, 4)),
+), key=lambda e: e.lesson))
 
 _BY_NAME = {e.name: e for e in EXERCISES}
 

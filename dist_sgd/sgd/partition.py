@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
+
+from dist_sgd.course.mine import swap_in
 from dist_sgd.plumbing.rank import world
 
 
@@ -95,6 +97,7 @@ class ShardSampler(Sampler):
                              f"[0, {num_replicas - 1}] for num_replicas={num_replicas}")
         self.dataset, self.num_replicas, self.rank = dataset, num_replicas, rank
         self.shuffle, self.seed, self.drop_last, self.epoch = shuffle, seed, drop_last, 0
+        # ---- exercise ShardSampler: self.num_samples (indices per rank) and self.total_size
         n = len(dataset)
         if drop_last:
             # Cut the tail to the largest multiple of num_replicas: up to num_replicas - 1
@@ -106,6 +109,7 @@ class ShardSampler(Sampler):
             # waiting forever in an all-reduce).
             self.num_samples = math.ceil(n / num_replicas)
         self.total_size = self.num_samples * num_replicas
+        # ---- end of exercise
 
     def set_epoch(self, epoch):
         """Call at the start of every epoch, with the same value on all ranks."""
@@ -113,6 +117,7 @@ class ShardSampler(Sampler):
 
     def indices(self):
         """The global order of this epoch, padded or cut to total_size (before the split)."""
+        # ---- exercise ShardSampler: this epoch's order of all indices, padded or cut to total_size
         n = len(self.dataset)
         if self.shuffle:
             g = torch.Generator()
@@ -127,11 +132,14 @@ class ShardSampler(Sampler):
             extra = order[:padding]
             order, padding = order + extra, padding - len(extra)
         return order
+        # ---- end of exercise
 
     def __iter__(self):
+        # ---- exercise ShardSampler: an iterator over this rank's share of self.indices()
         # Strided, not contiguous: rank r takes positions r, r + R, r + 2R, ... so a global
         # batch of B consecutive positions is shared out evenly as B / R per rank.
         return iter(self.indices()[self.rank:self.total_size:self.num_replicas])
+        # ---- end of exercise
 
     def __len__(self):
         return self.num_samples
@@ -182,3 +190,6 @@ def shard_report(shards, n):
     seen = set().union(*map(set, shards)) if shards else set()
     return {"visits": visits, "unique": len(seen), "repeats": visits - len(seen),
             "missing": n - len(seen & set(range(n))), "pairwise_disjoint": visits == len(seen)}
+
+
+swap_in(globals(), "ShardSampler")  # DIST_SGD_MINE: a learner's version replaces ours

@@ -1,0 +1,109 @@
+"""Lesson 06's SGD: each parameter's update equal to torch.optim.SGD's (its for-loop path,
+foreach=False) over several steps: momentum 0 and 0.9, dampening, Nesterov, weight decay,
+maximize, a parameter whose .grad is None, and p.grad left as it was. In float64 within
+1e-12: the same formulas in another order round differently, a wrong formula is off by far
+more (the library's own SGD matches torch bit for bit: tests/test_optim.py)."""
+import torch
+
+from dist_sgd.course.grade import Grader
+
+grader = Grader("SGD", error_hints={
+    "NoneType": "a parameter whose .grad is None gets no update: skip it (continue)",
+    "momentum_buffer": "keep the buffer in self.state[p][\"momentum_buffer\"] (torch's name)"})
+SHAPES = ((3, 5), (7,), (2, 1, 3))  # odd sizes
+ATOL = RTOL = 1e-12
+HINTS = {
+    "buffer": "on a parameter's first step the momentum buffer is a copy of g (no dampening); "
+              "after that b = momentum * b + (1 - dampening) * g, kept in self.state[p]",
+    "decay": "weight decay comes first, before momentum: g = g + weight_decay * p",
+    "nesterov": "with nesterov=True the step is g + momentum * b, not b",
+    "maximize": "maximize negates the gradient first, then weight decay adds weight_decay * p",
+    "skip": "a parameter whose .grad is None is skipped: no weight decay, no momentum, no step",
+    "grad": "work on a new tensor (g = p.grad.add(p, alpha=weight_decay), b = g.clone()), "
+            "never on p.grad itself, so the buffer does not share memory with p.grad",
+}
+
+
+def _gradient(step, i, shape):
+    g = torch.Generator().manual_seed(100 * step + i)
+    return torch.randn(shape, generator=g, dtype=torch.float64)
+
+
+def _steps(ctx, steps, options, hints, none=()):
+    """Both optimizers over `steps` steps from the same weights and gradients; none: the
+    (step, parameter) pairs with .grad None. Gradients are written into the existing .grad,
+    as backward() does after zero_grad(set_to_none=False)."""
+    torch.manual_seed(0)
+    start = [torch.randn(shape, dtype=torch.float64) for shape in SHAPES]
+    mine = [torch.nn.Parameter(w.clone()) for w in start]
+    ref = [torch.nn.Parameter(w.clone()) for w in start]
+    opt = ctx.call(ctx.impl.SGD, mine, **options)
+    ref_opt = torch.optim.SGD(ref, foreach=False, **options)
+    for step in range(steps):
+        for i, (p, q) in enumerate(zip(mine, ref)):
+            if (step, i) in none:
+                p.grad = q.grad = None
+                continue
+            g = _gradient(step, i, p.shape)
+            for param in (p, q):
+                if param.grad is None:
+                    param.grad = g.clone()
+                else:
+                    param.grad.copy_(g)
+        ctx.call(opt.step)
+        ref_opt.step()
+        for i, p in enumerate(mine):
+            if (step, i) not in none:
+                ctx.expect(p.grad is not None and torch.equal(p.grad, _gradient(step, i, p.shape)),
+                           f"parameter {i}: step {step} changed p.grad (torch's step leaves it)",
+                           [HINTS["grad"]])
+    for i, (p, q) in enumerate(zip(mine, ref)):
+        ctx.expect_close(p.detach(), q.detach(), f"parameter {i} after {steps} steps",
+                         atol=ATOL, rtol=RTOL, hints=hints)
+    return opt, ref_opt, mine, ref
+
+
+@grader.case("plain SGD (momentum 0), lr 0.1, 3 steps")
+def plain(ctx):
+    _steps(ctx, 3, {"lr": 0.1}, ["p = p - lr * p.grad, in place (p.add_(g, alpha=-lr))"])
+
+
+@grader.case("momentum 0.9, 4 steps: the weights and the momentum buffers")
+def momentum(ctx):
+    opt, ref_opt, mine, ref = _steps(ctx, 4, {"lr": 0.1, "momentum": 0.9}, [HINTS["buffer"]])
+    for i, (p, q) in enumerate(zip(mine, ref)):
+        b = opt.state[p].get("momentum_buffer")
+        ctx.expect(b is not None, f"parameter {i}: no self.state[p][\"momentum_buffer\"]",
+                   ["keep the buffer in self.state[p][\"momentum_buffer\"], as torch does: a "
+                    "state_dict then loads into either optimizer"])
+        ctx.expect_close(b, ref_opt.state[q]["momentum_buffer"], f"parameter {i}'s momentum "
+                         "buffer after 4 steps", atol=ATOL, rtol=RTOL, hints=[HINTS["buffer"]])
+
+
+@grader.case("momentum 0.9 with dampening 0.5, 4 steps")
+def dampening(ctx):
+    _steps(ctx, 4, {"lr": 0.1, "momentum": 0.9, "dampening": 0.5}, [HINTS["buffer"]])
+
+
+@grader.case("Nesterov momentum 0.9, 4 steps")
+def nesterov(ctx):
+    _steps(ctx, 4, {"lr": 0.1, "momentum": 0.9, "nesterov": True}, [HINTS["nesterov"]])
+
+
+@grader.case("weight decay 0.01 with momentum 0.9, 4 steps")
+def weight_decay(ctx):
+    _steps(ctx, 4, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}, [HINTS["decay"]])
+
+
+@grader.case("maximize=True with weight decay 0.01 and momentum 0.9, 3 steps")
+def maximize(ctx):
+    _steps(ctx, 3, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01, "maximize": True},
+           [HINTS["maximize"]])
+
+
+@grader.case("a parameter whose .grad is None is skipped (weight decay and momentum on)")
+def skipped(ctx):
+    # parameter 1 has no gradient at steps 1 and 2 (it has a buffer by then), parameter 2 none
+    # at step 0 (its buffer starts at step 1)
+    _steps(ctx, 4, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}, [HINTS["skip"]],
+           none={(1, 1), (2, 1), (0, 2)})

@@ -1,0 +1,44 @@
+"""Adds weight decay into p.grad in place (p.grad.add_(p, alpha=weight_decay)): the step
+is right, but p.grad is changed (clipping or logging after the step, accumulation, and
+the momentum buffer that may share it, all see the decayed gradient)."""
+import torch
+
+CAUGHT_BY = "weight decay 0.01 with momentum 0.9, 4 steps"
+
+
+class SGD(torch.optim.Optimizer):
+    def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False,
+                 *, maximize=False, foreach=None, differentiable=False, fused=None):
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
+                        weight_decay=weight_decay, nesterov=nesterov, maximize=maximize)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, momentum = group["lr"], group["momentum"]
+            dampening, weight_decay = group["dampening"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                d_p = p.grad if not group["maximize"] else -p.grad
+                if weight_decay != 0:
+                    d_p = d_p.add_(p, alpha=weight_decay)
+                if momentum != 0:
+                    state = self.state[p]
+                    if "momentum_buffer" not in state:
+                        buf = torch.clone(d_p).detach()
+                        state["momentum_buffer"] = buf
+                    else:
+                        buf = state["momentum_buffer"]
+                        buf.mul_(momentum).add_(d_p, alpha=1 - dampening)
+                    if group["nesterov"]:
+                        d_p = d_p + momentum * buf
+                    else:
+                        d_p = buf
+                p.sub_(lr * d_p)
+        return loss
