@@ -114,8 +114,18 @@ BACKGROUND = ("10", "11", "14", "17")
 _background = {}
 
 
+@pytest.fixture(scope="module")
+def sigint_as_in_a_terminal():
+    """The SIGINT that ends a lesson on a timeout must reach it however the suite was started
+    (`cmd &` in a script starts it with SIGINT ignored, and the lesson's cluster keeps that):
+    a Python handler here is reset to the default by exec, so the lessons started get it."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 @pytest.fixture(scope="module", autouse=True)
-def background_lessons(request):
+def background_lessons(request, sigint_as_in_a_terminal):
     chosen = {item.callspec.params["name"] for item in request.session.items
               if getattr(item, "originalname", "") == "test_lesson_runs_and_keeps_its_promises"}
     for name in sorted(chosen):
