@@ -14,12 +14,16 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "dist_sgd")
-SUBPACKAGES = sorted(os.path.basename(os.path.dirname(p))
-                     for p in glob.glob(os.path.join(PACKAGE, "*", "__init__.py")))
+# Every folder of dist_sgd that holds Python files: a package needs its __init__.py
+# (setuptools' find_packages installs no folder without one).
+SUBPACKAGES = sorted({os.path.basename(os.path.dirname(p))
+                      for p in glob.glob(os.path.join(PACKAGE, "*", "*.py"))})
 
 
 def docstring(folder):
-    with open(os.path.join(folder, "__init__.py")) as f:
+    path = os.path.join(folder, "__init__.py")
+    assert os.path.exists(path), f"{os.path.relpath(folder, ROOT)} has no __init__.py"
+    with open(path) as f:
         return ast.get_docstring(ast.parse(f.read()), clean=False) or ""
 
 
@@ -33,7 +37,9 @@ def test_package_docstring_names_every_module(package):
     folder = os.path.join(PACKAGE, package)
     modules = sorted(os.path.splitext(os.path.basename(p))[0]
                      for p in glob.glob(os.path.join(folder, "*.py")))
-    missing = unlisted(docstring(folder), [m for m in modules if m != "__init__"])
+    inner = sorted(os.path.basename(os.path.dirname(p)) + "/"
+                   for p in glob.glob(os.path.join(folder, "*", "__init__.py")))
+    missing = unlisted(docstring(folder), [m for m in modules if m != "__init__"] + inner)
     assert not missing, f"dist_sgd/{package}/__init__.py's docstring does not name {missing}"
 
 
