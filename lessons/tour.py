@@ -1,6 +1,6 @@
 """The lesson tour: every lesson in order, each as its own program.
 
-    python3 lessons/tour.py --quick    # start here: every lesson at tiny size, a few minutes
+    python3 lessons/tour.py --quick    # start here: every lesson at tiny size, about 4 minutes
     python3 lessons/tour.py            # every lesson at its tour size, about 8 minutes on 2 cores
 
 Each lesson is its own program (run one alone with `python3 lessons/NN_name.py`); the tour
