@@ -6,9 +6,10 @@ One folder per part of the story; the lesson number tells where its reused code 
     sgd/        lessons 00, 05, 06: data, models, sharding, SGD, average_gradients
     ddp/        lessons 07-09, 12: DDP in three steps, DataParallel, compression hooks
     scale/      lessons 10-11: the cost model, several nodes on one machine
-    shard/      lesson 13 on: ZeRO
-    faults/     lesson 14: checkpoints, recovery when a rank dies
+    shard/      lessons 13, 16: ZeRO, FSDP
+    faults/     lessons 14, 17: checkpoints, recovery when a rank dies, elastic training
     beyond/     lesson 15: parameter server, local SGD / DiLoCo, Hogwild
+    course/     every lesson: write a piece yourself, graded by the same proofs
     plumbing/   what everything stands on (launch, rank, check, timing, figures): read it last
     bench/      `python -m dist_sgd.bench` measures and draws every figure
 

@@ -45,8 +45,10 @@ Run:
     python lessons/15_beyond_sync.py                   # 1 server + 2 workers, 150 steps each
     python lessons/15_beyond_sync.py --quick           # 20 steps, a 1000-image test set
     torchrun --standalone --nproc-per-node 3 lessons/15_beyond_sync.py
-    # Optional, on lesson 11's shaped link (branch `cluster`, when merged): run this file under
-    #   python -m dist_sgd.scale.cluster ... lessons/15_beyond_sync.py   (nothing here changes)
+    # on 3 emulated nodes behind 100 Mbit/s links (lesson 11; root), nothing here changed:
+    sudo python -m dist_sgd.scale.cluster --nodes 3 --rate 100mbit -- 'torchrun --nnodes \\
+        $NNODES --node-rank $NODE_RANK --nproc-per-node 1 --master-addr $MASTER_ADDR \\
+        --master-port $MASTER_PORT lessons/15_beyond_sync.py --quick'
 
 Exercises:
   0. Write local SGD's averaging yourself: `python3 -m dist_sgd.course start LocalSGD`, then

@@ -22,6 +22,16 @@ ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ
            OMP_NUM_THREADS="1")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def sigint_as_in_a_terminal():
+    """Ctrl-C as a terminal delivers it, however the suite was started. `cmd &` in a script
+    starts it with SIGINT ignored (POSIX), and the cluster rightly keeps an inherited SIG_IGN;
+    a Python handler here is reset to the default by exec, so what the tests start gets it too."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def host_links():
     out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     return sorted(line.split(":")[1].strip() for line in out.splitlines())

@@ -1,9 +1,9 @@
 """dist_sgd.comm.collectives against torch.distributed (gloo), on the same inputs, at world sizes 1-4.
 
 One launch() per world size (a spawn costs seconds) runs every case inside the ranks and
-returns a dict; each test below reads the part of it that states one property. Inside the
-ranks a failed comparison is recorded under its property's name, not raised, so a broken
-piece fails the test that names it and leaves the others alone.
+returns a dict. Each case (a function marked @part) sits right above the tests that read it.
+Inside the ranks a failed comparison is recorded under its property's name, not raised, so a
+broken piece fails the test that names it and leaves the others alone.
 
 Cases: every collective and all-reduce algorithm; every reduce op gloo has, on every dtype
 gloo reduces; float32/float64/int64 on awkward tensors (empty, 0-d, one element, fewer
@@ -87,13 +87,13 @@ class Recorder:
     def __init__(self):
         self.count, self.failed, self.digests = {}, {}, {}
 
-    def same(self, prop, name, got, expected, is_exact, digest=True):
+    def same(self, prop, name, got, expected, is_exact, digest=True, equal_nan=False):
         self.count[prop] = self.count.get(prop, 0) + 1
         try:
             tol = {"rtol": 0, "atol": 0} if is_exact else {}
             if got.dtype in (torch.float16, torch.bfloat16):  # sums in another order: last bits
                 tol = {"rtol": 2e-2, "atol": 2e-2}
-            torch.testing.assert_close(got, expected, **tol)
+            torch.testing.assert_close(got, expected, equal_nan=equal_nan, **tol)
         except AssertionError as e:
             self.failed.setdefault(prop, []).append(f"{name}: {str(e).splitlines()[0]}")
         if digest:
@@ -101,6 +101,44 @@ class Recorder:
             self.digests[name] = hashlib.sha1(raw).hexdigest()
 
 
+# ---- one spawned group per world size runs every part below --------------------------------
+
+PARTS = {}  # key in every rank's result -> fn(rec, rank, size), in the order they are defined
+
+
+def part(key):
+    """Mark fn(rec, rank, size) as a case run inside the ranks; its value is stored at `key`."""
+    def register(fn):
+        PARTS[key] = fn
+        return fn
+    return register
+
+
+def run_all(rank, size):
+    rec, seconds, out = Recorder(), {}, {}
+    for key, fn in PARTS.items():
+        start = time.perf_counter()
+        out[key] = fn(rec, rank, size)
+        seconds[key] = round(time.perf_counter() - start, 2)
+    out["seconds"] = seconds
+    out.update(count=rec.count, failed=rec.failed, digests=rec.digests)
+    return out
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3, 4])
+def results(request):
+    return request.param, launch(run_all, request.param)
+
+
+def passed(res, prop, at_least=1):
+    for rank, r in enumerate(res):
+        assert r["count"].get(prop, 0) >= at_least, f"rank {rank} ran {r['count'].get(prop, 0)} {prop} checks"
+        assert prop not in r["failed"], f"rank {rank}: {r['failed'][prop][:5]}"
+
+
+# ---- equal to torch.distributed -----------------------------------------------------------
+
+@part("all_reduce")
 def check_all_reduce(rec, rank, size):
     # Every op on the ring, SUM on the others (check_every_op runs every op on every algorithm).
     for alg in C.ALL_REDUCE_ALGORITHMS:
@@ -118,6 +156,12 @@ def check_all_reduce(rec, rank, size):
                         rec.same("all_reduce", name + "/gaps", base[1::2], gaps, True, digest=False)
 
 
+def test_all_reduce_matches_torch_every_algorithm(results):
+    size, res = results
+    passed(res, "all_reduce", (len(OPS) + len(C.ALL_REDUCE_ALGORITHMS) - 1) * len(DTYPES) * len(KINDS))
+
+
+@part("rooted")
 def check_rooted(rec, rank, size):
     """broadcast, reduce, gather, scatter: every kind at the last root (not 0, the tree's
     favourite) with every dtype, and reduce with SUM and MAX; float32 and SUM at the other
@@ -159,6 +203,22 @@ def check_rooted(rec, rank, size):
                 rec.same("scatter", f"scatter/{root}/{dtype}/{kind}/{rank}", ours, ref, True, digest=False)
 
 
+def test_broadcast_matches_torch_from_every_root(results):
+    passed(results[1], "broadcast", (len(DTYPES) + results[0] - 1) * len(KINDS))
+
+
+def test_reduce_matches_torch_and_leaves_other_ranks_alone(results):
+    passed(results[1], "reduce", (2 * len(DTYPES) + results[0] - 1) * len(KINDS))
+
+
+def test_gather_and_scatter_match_torch(results):
+    size = results[0]
+    passed(results[1], "scatter", (len(DTYPES) + size - 1) * len(KINDS))
+    assert sum(r["count"].get("gather", 0) for r in results[1]) == size * (len(DTYPES) + size - 1) * len(KINDS)
+    passed(results[1], "gather", 0)
+
+
+@part("all_to_all")
 def check_all_to_all(rec, rank, size):
     """all_gather and reduce_scatter: lists of awkward tensors, inputs left unchanged."""
     for dtype in DTYPES:
@@ -184,6 +244,21 @@ def check_all_to_all(rec, rank, size):
                     rec.same("reduce_scatter", name + "/input", t, s, True, digest=False)
 
 
+def test_all_gather_and_reduce_scatter_match_torch_inputs_unchanged(results):
+    size, res = results
+    passed(res, "all_gather", size * len(DTYPES) * len(KINDS))
+    passed(res, "reduce_scatter", 2 * (size + 1) * len(DTYPES) * len(KINDS))
+
+
+def test_every_rank_ends_with_identical_bytes(results):
+    size, res = results
+    first = res[0]["digests"]
+    assert len(first) > 300
+    for r, other in enumerate(res[1:], start=1):
+        differ = [k for k in first if other["digests"][k] != first[k]]
+        assert not differ, f"rank {r} ended with different bytes than rank 0 in {differ[:5]}"
+
+
 def torch_refuses(call):
     """None if call() works, else "ExceptionType: first line of the message"."""
     try:
@@ -193,6 +268,7 @@ def torch_refuses(call):
         return f"{type(e).__name__}: {str(e).splitlines()[0]}"
 
 
+@part("verdicts")
 def check_every_op(rec, rank, size):
     """Every gloo ReduceOp on every dtype: ours gives torch's result where torch gives one,
     and refuses (before any message) exactly where torch refuses."""
@@ -237,7 +313,102 @@ def check_every_op(rec, rank, size):
     return verdicts
 
 
-def ring_messages(rank, size):
+def test_every_reduce_op_matches_gloo(results):
+    size, res = results
+    passed(res, "every_op", 50)
+    accepted = [k for k, (torch_no, _, _, _) in res[0]["verdicts"].items() if not torch_no]
+    assert len(accepted) >= 40, accepted  # bool, f16, bf16, complex SUM/AVG, ints...
+    assert ("AVG", "torch.float32") in accepted and ("BXOR", "torch.bool") in accepted
+
+
+def test_bad_dtype_rejected_before_any_message(results):
+    """Ours refuses exactly the (op, dtype) pairs torch's gloo refuses, on every rank alike,
+    with TypeError, before it sends or receives anything."""
+    size, res = results
+    verdicts = res[0]["verdicts"]
+    assert sum(torch_no for torch_no, _, _, _ in verdicts.values()) >= 30
+    for key, (torch_no, ours_no, message, silent) in verdicts.items():
+        assert torch_no == ours_no, f"{key}: torch refuses: {torch_no}, ours: {ours_no} ({message})"
+        if ours_no:
+            assert message.startswith(("TypeError", "ValueError")), (key, message)
+            assert silent, f"{key}: a message was traced or printed before the error"
+    for r in res[1:]:
+        assert r["verdicts"] == verdicts, "every rank refuses alike"
+
+
+@part("nan")
+def nan_min_max(rec, rank, size):
+    """MIN and MAX with NaNs on some ranks, through every algorithm: a NaN on any rank makes
+    the result NaN there, as torch.amin / torch.amax give on everyone's tensors stacked.
+    gloo is not the reference here: which NaNs it keeps depends on the order it combines the
+    ranks in (at world size 3, MIN on the inputs below gives [nan, 1, 5, -1, nan])."""
+    nan = float("nan")
+    inputs = torch.tensor([[nan, 1., 2., 3., 4.], [0., nan, 5., -1., 6.], [1., 2., nan, 0., nan],
+                           [7., 8., 9., nan, 0.]])[:size]
+    where = {}
+    for op_name, op, whole in (("min", ReduceOp.MIN, torch.amin),
+                               ("max", ReduceOp.MAX, torch.amax)):
+        expected = whole(inputs, dim=0)  # NaN wherever any rank has one
+        for alg in C.ALL_REDUCE_ALGORITHMS:
+            x = inputs[rank].clone()
+            C.all_reduce(x, op=op, algorithm=alg)
+            rec.same("nan", f"nan/all_reduce/{alg}/{op_name}", x, expected, True,
+                     digest=False, equal_nan=True)
+            where[alg, op_name] = x.isnan().tolist()
+        x = inputs[rank].clone()
+        C.reduce(x, dst=size - 1, op=op)
+        if rank == size - 1:
+            rec.same("nan", f"nan/reduce/{op_name}", x, expected, True, digest=False,
+                     equal_nan=True)
+    return where
+
+
+def test_min_and_max_propagate_every_nan(results):
+    """Ours: a NaN on any rank is NaN in the result, whatever the algorithm and world size."""
+    size, res = results
+    passed(res, "nan", 2 * len(C.ALL_REDUCE_ALGORITHMS))
+    if size == 3:  # positions 0-2 and 4 hold a NaN on some rank; only position 3 holds none
+        for key, isnan in res[0]["nan"].items():
+            assert isnan == [True, True, True, False, True], (key, isnan)
+
+
+@part("pipelined")
+def check_pipelined_segments(rec, rank, size):
+    """ring_pipelined with tiny segments and window: many segments per message, buffers
+    reposted; then the real segment size, with messages of more than one segment."""
+    old = ring_pipelined.SEGMENT_BYTES, ring_pipelined.WINDOW
+    ring_pipelined.SEGMENT_BYTES, ring_pipelined.WINDOW = 16, 2  # 4 float32 per segment
+    traces = {}
+    try:
+        for n in (203, 300_000 * size + 3):
+            if n > 1000:
+                ring_pipelined.SEGMENT_BYTES, ring_pipelined.WINDOW = old
+            for op_name in ("sum", "max"):
+                x = values((n,), torch.float32, op_name, 31 * rank + 1)
+                ref, trace = x.clone(), []
+                dist.all_reduce(ref, op=OPS[op_name])
+                C.all_reduce(x, op=OPS[op_name], algorithm="ring_pipelined", trace=trace)
+                rec.same("pipelined", f"pipelined/{n}/{op_name}", x, ref, op_name == "max")
+                traces[n] = trace
+    finally:
+        ring_pipelined.SEGMENT_BYTES, ring_pipelined.WINDOW = old
+    return traces
+
+
+def test_pipelined_ring_cuts_chunks_into_segments_and_matches_torch(results):
+    size, res = results
+    passed(res, "pipelined", 4)
+    if size > 1:
+        tiny = res[0]["pipelined"][203]
+        assert tiny and all(m["nbytes"] <= 16 for m in tiny)  # SEGMENT_BYTES = 16
+        big = res[0]["pipelined"][300_000 * size + 3]
+        assert max(m["nbytes"] for m in big) == ring_pipelined.SEGMENT_BYTES
+
+
+# ---- the ring's shape -------------------------------------------------------------------------
+
+@part("traces")
+def ring_messages(rec, rank, size):
     """The ring's trace: at 16 MiB, and at tiny sizes (chunks may be empty)."""
     traces = {}
     for n in (0, 1, 3, 7, 1001, BIG):
@@ -250,7 +421,44 @@ def ring_messages(rank, size):
     return traces, others
 
 
-def posting_order(rank, size):
+def test_ring_sends_2p_minus_1_chunks_each_way(results):
+    """At 16 MiB: 2(p-1) messages per rank, each to the right neighbour, each <= ceil(n/p)."""
+    size, res = results
+    for rank, r in enumerate(res):
+        trace = r["traces"][0][BIG]
+        assert len(trace) == 2 * (size - 1), len(trace)
+        assert [m["phase"] for m in trace] == ["reduce-scatter"] * (size - 1) + ["all-gather"] * (size - 1)
+        assert all(m["numel"] <= math.ceil(BIG / size) and m["dst"] == (rank + 1) % size for m in trace)
+        assert sum(m["nbytes"] for m in trace) >= 4 * 2 * (size - 1) * (BIG // size)
+
+
+def test_ring_passes_chunks_in_textbook_order_even_when_empty(results):
+    """Step s of reduce-scatter sends chunk r-s-1; of all-gather, chunk r-s. n < p: empty
+    chunks still go, so the count is 2(p-1) whatever the size."""
+    size, res = results
+    for rank, r in enumerate(res):
+        for n, trace in r["traces"][0].items():
+            offsets = split(n, size)
+            expected = [("reduce-scatter", s, (rank - s - 1) % size) for s in range(size - 1)]
+            expected += [("all-gather", s, (rank - s) % size) for s in range(size - 1)]
+            assert [(m["phase"], m["step"], m["chunk"]) for m in trace] == expected, (n, trace)
+            sizes = [offsets[m["chunk"] + 1] - offsets[m["chunk"]] for m in trace]
+            assert [m["numel"] for m in trace] == sizes, (n, trace)
+
+
+def test_trace_records_every_algorithms_messages(results):
+    size, res = results
+    for rank, r in enumerate(res):
+        for alg, trace in r["traces"][1].items():
+            assert (len(trace) > 0) == (size > 1), (alg, trace)
+            for m in trace:
+                assert set(m) == {"algorithm", "phase", "step", "src", "dst", "chunk", "numel", "nbytes"}
+                assert m["algorithm"] == alg and m["src"] == rank and m["dst"] != rank
+                assert m["nbytes"] == 4 * m["numel"]
+
+
+@part("orders")
+def posting_order(rec, rank, size):
     """The order in which each collective calls dist.irecv / dist.isend on this rank."""
     calls, real = [], (dist.irecv, dist.isend)
 
@@ -281,7 +489,28 @@ def posting_order(rank, size):
     return orders
 
 
-def verbose_print(rank, size):
+def test_receives_are_posted_before_sends(results):
+    """A step that sends and receives posts its irecv first (both directions of
+    a link then run at once); roots post all their receives before sending anything."""
+    size, res = results
+    for rank, r in enumerate(res):
+        o = r["orders"]
+        for name in ("ring", "barrier", "all_gather", "reduce_scatter"):
+            assert [v for v, _ in o[name]] == ["recv", "send"] * (len(o[name]) // 2), (name, o[name])
+        expected = {"ring": 4 * (size - 1), "all_gather": 2 * (size - 1), "reduce_scatter": 2 * (size - 1),
+                    "barrier": 2 * math.ceil(math.log2(size))}  # two calls per exchange
+        assert {name: len(o[name]) for name in expected} == expected
+        if size in (2, 4):  # a power of two: every halving-doubling step is an exchange
+            verbs = [v for v, _ in o["halving_doubling"]]
+            assert verbs == ["recv", "send"] * (len(verbs) // 2), o["halving_doubling"]
+        if rank == 0:
+            for name in ("naive", "tree", "gather"):
+                verbs = [v for v, _ in o[name]]
+                assert verbs == sorted(verbs), (name, o[name])  # every "recv" before any "send"
+
+
+@part("verbose")
+def verbose_print(rec, rank, size):
     os.environ["DIST_SGD_VERBOSE"] = "1"
     out = io.StringIO()
     try:
@@ -292,29 +521,33 @@ def verbose_print(rank, size):
     return out.getvalue()
 
 
-def check_pipelined_segments(rec, rank, size):
-    """ring_pipelined with tiny segments and window: many segments per message, buffers
-    reposted; then the real segment size, with messages of more than one segment."""
-    old = ring_pipelined.SEGMENT_BYTES, ring_pipelined.WINDOW
-    ring_pipelined.SEGMENT_BYTES, ring_pipelined.WINDOW = 16, 2  # 4 float32 per segment
-    traces = {}
-    try:
-        for n in (203, 300_000 * size + 3):
-            if n > 1000:
-                ring_pipelined.SEGMENT_BYTES, ring_pipelined.WINDOW = old
-            for op_name in ("sum", "max"):
-                x = values((n,), torch.float32, op_name, 31 * rank + 1)
-                ref, trace = x.clone(), []
-                dist.all_reduce(ref, op=OPS[op_name])
-                C.all_reduce(x, op=OPS[op_name], algorithm="ring_pipelined", trace=trace)
-                rec.same("pipelined", f"pipelined/{n}/{op_name}", x, ref, op_name == "max")
-                traces[n] = trace
-    finally:
-        ring_pipelined.SEGMENT_BYTES, ring_pipelined.WINDOW = old
-    return traces
+def test_verbose_prints_every_send_and_receive(results):
+    size, res = results
+    for rank, r in enumerate(res):
+        printed = r["verbose"].splitlines()
+        sends = [l for l in printed if re.match(rf"\[rank {rank}\] send -> peer \d+ chunk \d+ \(\d+ bytes\)", l)]
+        recvs = [l for l in printed if re.match(rf"\[rank {rank}\] recv <- peer \d+ chunk \d+ \(\d+ bytes\)", l)]
+        assert len(sends) == len(recvs) == 2 * (size - 1), printed
 
 
-def errors(rank, size):
+@part("barrier")
+def barrier_times(rec, rank, size):
+    time.sleep(0.2 if rank == size - 1 else 0.0)  # the last rank comes late to the barrier
+    entered = time.time()
+    C.barrier()
+    return entered, time.time()
+
+
+def test_barrier_waits_for_everyone(results):
+    size, res = results
+    last_in = max(r["barrier"][0] for r in res)
+    assert all(r["barrier"][1] >= last_in for r in res), [r["barrier"] for r in res]
+
+
+# ---- bad input ---------------------------------------------------------------------------
+
+@part("errors")
+def errors(rec, rank, size):
     """Bad input that every rank passes alike: each raises before sending anything."""
     t = torch.ones(4)
     bad = {
@@ -381,183 +614,6 @@ def mismatched(rank, size):
             # the root's list matches its own tensor; rank 1's tensor is the odd one
             "scatter": lambda: C.scatter(torch.ones(n), root if rank == 0 else None, src=0),
             "gather": lambda: C.gather(torch.ones(n), root if rank == 0 else None, dst=0)}
-
-
-def run_all(rank, size):
-    rec, seconds, out = Recorder(), {}, {}
-    for name, part in (("matrix", lambda: (check_all_reduce(rec, rank, size),
-                                           check_rooted(rec, rank, size),
-                                           check_all_to_all(rec, rank, size))),
-                       ("verdicts", lambda: check_every_op(rec, rank, size)),
-                       ("pipelined", lambda: check_pipelined_segments(rec, rank, size)),
-                       ("traces", lambda: ring_messages(rank, size)),
-                       ("orders", lambda: posting_order(rank, size)),
-                       ("verbose", lambda: verbose_print(rank, size)),
-                       ("errors", lambda: errors(rank, size))):
-        start = time.perf_counter()
-        out[name] = part()
-        seconds[name] = round(time.perf_counter() - start, 2)
-    out["seconds"] = seconds
-    time.sleep(0.2 if rank == size - 1 else 0.0)  # the last rank comes late to the barrier
-    entered = time.time()
-    C.barrier()
-    out["barrier"] = (entered, time.time())
-    out.update(count=rec.count, failed=rec.failed, digests=rec.digests)
-    return out
-
-
-@pytest.fixture(scope="module", params=[1, 2, 3, 4])
-def results(request):
-    return request.param, launch(run_all, request.param)
-
-
-def passed(res, prop, at_least=1):
-    for rank, r in enumerate(res):
-        assert r["count"].get(prop, 0) >= at_least, f"rank {rank} ran {r['count'].get(prop, 0)} {prop} checks"
-        assert prop not in r["failed"], f"rank {rank}: {r['failed'][prop][:5]}"
-
-
-# ---- equal to torch.distributed -----------------------------------------------------------
-
-def test_all_reduce_matches_torch_every_algorithm(results):
-    size, res = results
-    passed(res, "all_reduce", (len(OPS) + len(C.ALL_REDUCE_ALGORITHMS) - 1) * len(DTYPES) * len(KINDS))
-
-
-def test_broadcast_matches_torch_from_every_root(results):
-    passed(results[1], "broadcast", (len(DTYPES) + results[0] - 1) * len(KINDS))
-
-
-def test_reduce_matches_torch_and_leaves_other_ranks_alone(results):
-    passed(results[1], "reduce", (2 * len(DTYPES) + results[0] - 1) * len(KINDS))
-
-
-def test_gather_and_scatter_match_torch(results):
-    size = results[0]
-    passed(results[1], "scatter", (len(DTYPES) + size - 1) * len(KINDS))
-    assert sum(r["count"].get("gather", 0) for r in results[1]) == size * (len(DTYPES) + size - 1) * len(KINDS)
-    passed(results[1], "gather", 0)
-
-
-def test_all_gather_and_reduce_scatter_match_torch_inputs_unchanged(results):
-    size, res = results
-    passed(res, "all_gather", size * len(DTYPES) * len(KINDS))
-    passed(res, "reduce_scatter", 2 * (size + 1) * len(DTYPES) * len(KINDS))
-
-
-def test_every_rank_ends_with_identical_bytes(results):
-    size, res = results
-    first = res[0]["digests"]
-    assert len(first) > 300
-    for r, other in enumerate(res[1:], start=1):
-        differ = [k for k in first if other["digests"][k] != first[k]]
-        assert not differ, f"rank {r} ended with different bytes than rank 0 in {differ[:5]}"
-
-
-def test_every_reduce_op_matches_gloo(results):
-    size, res = results
-    passed(res, "every_op", 50)
-    accepted = [k for k, (torch_no, _, _, _) in res[0]["verdicts"].items() if not torch_no]
-    assert len(accepted) >= 40, accepted  # bool, f16, bf16, complex SUM/AVG, ints...
-    assert ("AVG", "torch.float32") in accepted and ("BXOR", "torch.bool") in accepted
-
-
-def test_bad_dtype_rejected_before_any_message(results):
-    """Ours refuses exactly the (op, dtype) pairs torch's gloo refuses, on every rank alike,
-    with TypeError, before it sends or receives anything."""
-    size, res = results
-    verdicts = res[0]["verdicts"]
-    assert sum(torch_no for torch_no, _, _, _ in verdicts.values()) >= 30
-    for key, (torch_no, ours_no, message, silent) in verdicts.items():
-        assert torch_no == ours_no, f"{key}: torch refuses: {torch_no}, ours: {ours_no} ({message})"
-        if ours_no:
-            assert message.startswith(("TypeError", "ValueError")), (key, message)
-            assert silent, f"{key}: a message was traced or printed before the error"
-    for r in res[1:]:
-        assert r["verdicts"] == verdicts, "every rank refuses alike"
-
-
-def test_pipelined_ring_cuts_chunks_into_segments_and_matches_torch(results):
-    size, res = results
-    passed(res, "pipelined", 4)
-    if size > 1:
-        tiny = res[0]["pipelined"][203]
-        assert tiny and all(m["nbytes"] <= 16 for m in tiny)  # SEGMENT_BYTES = 16
-        big = res[0]["pipelined"][300_000 * size + 3]
-        assert max(m["nbytes"] for m in big) == ring_pipelined.SEGMENT_BYTES
-
-
-# ---- the ring's shape -------------------------------------------------------------------------
-
-def test_ring_sends_2p_minus_1_chunks_each_way(results):
-    """At 16 MiB: 2(p-1) messages per rank, each to the right neighbour, each <= ceil(n/p)."""
-    size, res = results
-    for rank, r in enumerate(res):
-        trace = r["traces"][0][BIG]
-        assert len(trace) == 2 * (size - 1), len(trace)
-        assert [m["phase"] for m in trace] == ["reduce-scatter"] * (size - 1) + ["all-gather"] * (size - 1)
-        assert all(m["numel"] <= math.ceil(BIG / size) and m["dst"] == (rank + 1) % size for m in trace)
-        assert sum(m["nbytes"] for m in trace) >= 4 * 2 * (size - 1) * (BIG // size)
-
-
-def test_ring_passes_chunks_in_textbook_order_even_when_empty(results):
-    """Step s of reduce-scatter sends chunk r-s-1; of all-gather, chunk r-s. n < p: empty
-    chunks still go, so the count is 2(p-1) whatever the size."""
-    size, res = results
-    for rank, r in enumerate(res):
-        for n, trace in r["traces"][0].items():
-            offsets = split(n, size)
-            expected = [("reduce-scatter", s, (rank - s - 1) % size) for s in range(size - 1)]
-            expected += [("all-gather", s, (rank - s) % size) for s in range(size - 1)]
-            assert [(m["phase"], m["step"], m["chunk"]) for m in trace] == expected, (n, trace)
-            sizes = [offsets[m["chunk"] + 1] - offsets[m["chunk"]] for m in trace]
-            assert [m["numel"] for m in trace] == sizes, (n, trace)
-
-
-def test_trace_records_every_algorithms_messages(results):
-    size, res = results
-    for rank, r in enumerate(res):
-        for alg, trace in r["traces"][1].items():
-            assert (len(trace) > 0) == (size > 1), (alg, trace)
-            for m in trace:
-                assert set(m) == {"algorithm", "phase", "step", "src", "dst", "chunk", "numel", "nbytes"}
-                assert m["algorithm"] == alg and m["src"] == rank and m["dst"] != rank
-                assert m["nbytes"] == 4 * m["numel"]
-
-
-def test_receives_are_posted_before_sends(results):
-    """issue 10: a step that sends and receives posts its irecv first (both directions of
-    a link then run at once); roots post all their receives before sending anything."""
-    size, res = results
-    for rank, r in enumerate(res):
-        o = r["orders"]
-        for name in ("ring", "barrier", "all_gather", "reduce_scatter"):
-            assert [v for v, _ in o[name]] == ["recv", "send"] * (len(o[name]) // 2), (name, o[name])
-        expected = {"ring": 4 * (size - 1), "all_gather": 2 * (size - 1), "reduce_scatter": 2 * (size - 1),
-                    "barrier": 2 * math.ceil(math.log2(size))}  # two calls per exchange
-        assert {name: len(o[name]) for name in expected} == expected
-        if size in (2, 4):  # a power of two: every halving-doubling step is an exchange
-            verbs = [v for v, _ in o["halving_doubling"]]
-            assert verbs == ["recv", "send"] * (len(verbs) // 2), o["halving_doubling"]
-        if rank == 0:
-            for name in ("naive", "tree", "gather"):
-                verbs = [v for v, _ in o[name]]
-                assert verbs == sorted(verbs), (name, o[name])  # every "recv" before any "send"
-
-
-def test_verbose_prints_every_send_and_receive(results):
-    size, res = results
-    for rank, r in enumerate(res):
-        printed = r["verbose"].splitlines()
-        sends = [l for l in printed if re.match(rf"\[rank {rank}\] send -> peer \d+ chunk \d+ \(\d+ bytes\)", l)]
-        recvs = [l for l in printed if re.match(rf"\[rank {rank}\] recv <- peer \d+ chunk \d+ \(\d+ bytes\)", l)]
-        assert len(sends) == len(recvs) == 2 * (size - 1), printed
-
-
-def test_barrier_waits_for_everyone(results):
-    size, res = results
-    last_in = max(r["barrier"][0] for r in res)
-    assert all(r["barrier"][1] >= last_in for r in res), [r["barrier"] for r in res]
 
 
 def test_bad_input_gets_a_clear_error(results):

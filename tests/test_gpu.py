@@ -5,7 +5,12 @@ Without a GPU every test here skips (CI has none). With one GPU:
 - our collectives on CUDA tensors over NCCL at world size 1 and over gloo at world size 2
   (two ranks sharing the one GPU: gloo moves CUDA tensors through host memory);
 - our DistributedDataParallel on a CUDA module against torch's on the same batches;
-- our DataParallel on one GPU against the module alone and torch's DataParallel.
+- our DataParallel on one GPU against the module alone and torch's DataParallel;
+- our FullyShardedDataParallel (ZeRO-3 and ZeRO-2) on a CUDA module against one process on
+  the global batch, over NCCL at world size 1 and over gloo at world size 2 (our collectives:
+  gloo has no CUDA reduce_scatter);
+- our ShardedOptimizer (ZeRO-1, both schemes) on CUDA parameters against the plain optimizer
+  after average_gradients, over NCCL at world size 1 and over gloo at world size 2.
 Tests with 2+ GPUs live beside the CPU tests they extend (test_collectives, test_data_parallel).
 """
 import pytest
@@ -135,3 +140,107 @@ def test_data_parallel_on_one_gpu():
     expected.sum().backward()
     for g, p in zip(grads, module.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=0, atol=0)
+
+
+class _Dense(nn.Module):
+    """As test_fsdp's: 7 -> 13 -> LayerNorm -> 5 (no bias) -> 3, no size divisible by 2."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.norm = nn.Linear(7, 13), nn.LayerNorm(13)
+        self.fc2, self.head = nn.Linear(13, 5, bias=False), nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.fc2(torch.tanh(self.norm(self.fc1(x))))))
+
+
+def _global_batch(step, world_size, dev, per_rank=4):
+    """Every rank's batch of this step, stacked: rank r's is rows [r * per_rank, ...)."""
+    g = torch.Generator().manual_seed(100 + step)
+    n = per_rank * world_size
+    return torch.randn(n, 7, generator=g).to(dev), torch.randn(n, 3, generator=g).to(dev)
+
+
+def _fsdp_on(rank, world_size, dev, collectives, steps=3):
+    """Our FSDP (ZeRO-3, ZeRO-2) with Adam on `dev` against one process on the global batch:
+    the largest difference of the full parameters after each step, per mode."""
+    from dist_sgd.shard.fsdp import FullyShardedDataParallel
+    dev, worst = torch.device(dev), {}
+    for mode, reshard in (("ZeRO-3", True), ("ZeRO-2", False)):
+        torch.manual_seed(0)
+        ref = _Dense().to(dev)
+        torch.manual_seed(0)
+        model = FullyShardedDataParallel(_Dense().to(dev), reshard_after_forward=reshard,
+                                         collectives=collectives)
+        assert all(p.device == dev for p in model.parameters()), "a shard left the GPU"
+        ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        worst[mode] = 0.0
+        for step in range(steps):
+            x, y = _global_batch(step, world_size, dev)
+            ref_opt.zero_grad()
+            F.mse_loss(ref(x), y).backward()
+            ref_opt.step()
+            mine = slice(rank * 4, (rank + 1) * 4)
+            opt.zero_grad()
+            F.mse_loss(model(x[mine]), y[mine]).backward()
+            opt.step()
+            full = model.gather_full_params()
+            for name, p in ref.named_parameters():
+                assert full[name].device == dev, f"{name} gathered on {full[name].device}"
+                worst[mode] = max(worst[mode], (full[name] - p).abs().max().item())
+    dist.barrier()
+    return worst
+
+
+@needs_nccl
+def test_our_fsdp_on_a_cuda_module_equals_one_process_nccl():
+    [worst] = launch(_fsdp_on, 1, "cuda:0", "torch", backend="nccl")
+    assert worst.keys() == {"ZeRO-3", "ZeRO-2"} and max(worst.values()) < 1e-6, worst
+
+
+def test_our_fsdp_on_a_cuda_module_equals_one_process_gloo_world_size_2():
+    for worst in launch(_fsdp_on, 2, "cuda:0", "ours", backend="gloo"):
+        assert worst.keys() == {"ZeRO-3", "ZeRO-2"} and max(worst.values()) < 1e-5, worst
+
+
+def _zero_on(rank, world_size, dev, collectives, steps=3):
+    """ShardedOptimizer(Adam) in both schemes on `dev` against plain Adam after
+    average_gradients, the same per-rank batches: the largest parameter difference."""
+    from dist_sgd.sgd.sync import average_gradients
+    from dist_sgd.shard.zero import ShardedOptimizer
+    dev, worst = torch.device(dev), {}
+    for scheme in ("broadcast", "all_gather"):
+        torch.manual_seed(0)
+        ref = _Dense().to(dev)
+        model = _Dense().to(dev)
+        model.load_state_dict(ref.state_dict())
+        ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01)
+        opt = ShardedOptimizer(model.parameters(), torch.optim.Adam, scheme=scheme,
+                               collectives=collectives, lr=0.01)
+        worst[scheme] = 0.0
+        for step in range(steps):
+            x, y = _global_batch(step, world_size, dev)
+            mine = slice(rank * 4, (rank + 1) * 4)
+            for m, o in ((ref, ref_opt), (model, opt)):
+                o.zero_grad()
+                F.mse_loss(m(x[mine]), y[mine]).backward()
+            average_gradients(ref)  # the plain optimizer: data parallelism by hand
+            ref_opt.step()
+            opt.step()  # reduces the gradients itself
+            for p, q in zip(model.parameters(), ref.parameters()):
+                assert p.device == dev
+                worst[scheme] = max(worst[scheme], (p - q).abs().max().item())
+    dist.barrier()
+    return worst
+
+
+@needs_nccl
+def test_our_zero_on_cuda_parameters_equals_the_plain_optimizer_nccl():
+    [worst] = launch(_zero_on, 1, "cuda:0", "torch", backend="nccl")
+    assert worst.keys() == {"broadcast", "all_gather"} and max(worst.values()) < 1e-6, worst
+
+
+def test_our_zero_on_cuda_parameters_equals_the_plain_optimizer_gloo_world_size_2():
+    for worst in launch(_zero_on, 2, "cuda:0", "ours", backend="gloo"):
+        assert worst.keys() == {"broadcast", "all_gather"} and max(worst.values()) < 1e-5, worst

@@ -58,8 +58,9 @@ MIN_CHECKS = {
 }
 # Other numbers a lesson promises, per lesson number: (regex with one number group, op, bound).
 BOUNDS = {
-    "00": [(r"test accuracy ([\d.]+)%", ">=", 20.0)],  # synthetic, --quick: 28% here
-    "06": [(r"Accuracy: \d+/\d+ \(([\d.]+)%\)", ">=", 25.0)],  # synthetic, --quick: 48% here
+    # synthetic data, --quick, seeded: 28.0% and 47.60% on every run measured (chance: 10%)
+    "00": [(r"test accuracy ([\d.]+)%", ">=", 27.0)],
+    "06": [(r"Accuracy: \d+/\d+ \(([\d.]+)%\)", ">=", 46.0)],
     "07": [(r"bucket (\d+):", "<=", 2),  # one bucket in the first backward, 3 once rebuilt
            (r"torch DDP, the same buckets, bit for bit: max difference ([-+0-9.e]+)", "==", 0)],
     "12": [(r"PowerSGD rank 2 +Net .*\( *([\d.]+)x fewer\)", ">=", 10)],  # counted: 14x
@@ -68,8 +69,10 @@ BOUNDS = {
     "13": [(r"ZeRO-1 broadcast +[0-9.]+ KiB +([0-9.]+)x", "==", 1.5)],  # bytes, counted
     "16": [(r"ZeRO-3 +[0-9.]+ KiB +([0-9.]+)x", "==", 1.42),  # counted: (12 + 10 + 12) / 24
            (r"ZeRO-2 +[0-9.]+ KiB +([0-9.]+)x", "==", 1.0),
-           (r"\n(?:DDP|ZeRO-\d) [^\n]* ([0-9.]+)x\n", "<=", 1.10),  # memory / formula (+ layers)
-           (r"\n(?:DDP|ZeRO-\d) [^\n]* ([0-9.]+)x\n", ">=", 0.90)],
+           # memory held / (formula + layers): 1.00x, as the README states it (2 decimals;
+           # the lesson prints 3, and --quick's tiny layers show their padding: 1.001x)
+           (r"\n(?:DDP|ZeRO-\d) [^\n]* ([0-9.]+)x\n", ">=", 0.995),
+           (r"\n(?:DDP|ZeRO-\d) [^\n]* ([0-9.]+)x\n", "<", 1.005)],
     "17": [(r"(-?\d+) steps repeated", ">=", 0)],  # since the last checkpoint: never negative
 }
 # Lessons also run at an odd world size: chunks and shards that do not split evenly.
@@ -114,8 +117,18 @@ BACKGROUND = ("10", "11", "14", "17")
 _background = {}
 
 
+@pytest.fixture(scope="module")
+def sigint_as_in_a_terminal():
+    """The SIGINT that ends a lesson on a timeout must reach it however the suite was started
+    (`cmd &` in a script starts it with SIGINT ignored, and the lesson's cluster keeps that):
+    a Python handler here is reset to the default by exec, so the lessons started get it."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 @pytest.fixture(scope="module", autouse=True)
-def background_lessons(request):
+def background_lessons(request, sigint_as_in_a_terminal):
     chosen = {item.callspec.params["name"] for item in request.session.items
               if getattr(item, "originalname", "") == "test_lesson_runs_and_keeps_its_promises"}
     for name in sorted(chosen):

@@ -1,9 +1,10 @@
 """Gradient equivalence: the distributed average equals the single-process full-batch gradient.
 
-A spawn costs seconds, so one launch() per world size (1, 2, 3) runs every property inside the
+A spawn costs seconds, so one launch() per world size (1, 2, 3) runs every case inside the
 ranks (module-scoped fixture) and returns, per rank, a dict: property -> None when it held,
-else the message of the first assertion that failed on that rank. Each test below reads one
-property. float64 throughout, so "equal" can mean ~1e-15; the single process trains with
+else the message of the first assertion that failed on that rank. Each case (a function
+marked @case) makes its assertions inside the ranks and sits right above the tests that read
+them, one property each. float64 throughout, so "equal" can mean ~1e-15; the single process trains with
 torch.optim.SGD, the ranks with ours.
 """
 import contextlib
@@ -73,6 +74,36 @@ class Properties(dict):
             self.setdefault(name, None)
 
 
+# ---- one spawned group per world size runs every case below --------------------------------
+
+CASES = []  # fn(props, rank, world_size), in the order they are defined
+
+
+def case(fn):
+    """Mark fn(props, rank, world_size) as a case run inside the ranks."""
+    CASES.append(fn)
+    return fn
+
+
+def all_properties(rank, world_size):
+    props = Properties(rank)
+    for fn in CASES:
+        fn(props, rank, world_size)
+    dist.barrier()
+    return dict(props)
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda ws: f"ws{ws}")
+def results(request):
+    return launch(all_properties, request.param, backend="gloo")
+
+
+def held(results, name):
+    assert all(name in r for r in results), f"property {name!r} was never checked"
+    failures = [r[name] for r in results if r[name] is not None]
+    assert not failures, "\n".join(failures)
+
+
 def grads(model):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -82,6 +113,9 @@ def data_for(world_size):
     x = images.double().reshape(STEPS * 2, world_size * PER_RANK, 1, 28, 28)
     return x, labels.reshape(STEPS * 2, world_size * PER_RANK)
 
+
+
+# ---- average_gradients: every way against one process on the global batch ----------------
 
 def case_gradients(props, way, rank, world_size, x, y):
     """STEPS steps of Awkward: this rank's share + average_gradients + our SGD, against one
@@ -120,7 +154,41 @@ def case_gradients(props, way, rank, world_size, x, y):
         assert max_diff_across_ranks(model) == 0.0, "ranks hold different weights"
 
 
-def case_tied_in_a_list(props, rank, world_size, x, y):
+@case
+def case_gradients_every_way(props, rank, world_size):
+    x, y = data_for(world_size)
+    for way in WAYS:
+        case_gradients(props, way, rank, world_size, x[:STEPS], y[:STEPS])
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_averaged_first_gradient_equals_single_process(results, way):
+    held(results, f"first gradient {way}")
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_weights_after_steps_equal_single_process_torch_sgd(results, way):
+    held(results, f"weights {way}")
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_ranks_hold_bitwise_identical_weights(results, way):
+    held(results, f"identical {way}")
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_one_all_reduce_when_flat_one_per_gradient_otherwise(results, way):
+    held(results, f"calls {way}")
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_frozen_and_unused_parameters_keep_no_gradient(results, way):
+    held(results, f"skipped {way}")
+
+
+@case
+def case_tied_in_a_list(props, rank, world_size):
+    x, y = data_for(world_size)
     # A list with the tied weight twice still reduces it once (else it would be halved again).
     model = Awkward().double()
     F.nll_loss(model(x[0, :PER_RANK]), y[0, :PER_RANK]).backward()
@@ -129,8 +197,14 @@ def case_tied_in_a_list(props, rank, world_size, x, y):
         assert len(found) == 8, f"{len(found)} gradients to sync, not 8"
 
 
-def case_accumulation(props, rank, world_size, x, y, k=2):
+def test_a_tied_weight_listed_twice_is_reduced_once(results):
+    held(results, "tied in a list")
+
+
+@case
+def case_accumulation(props, rank, world_size, k=2):
     """k micro-batches per rank, loss / k each, one average: the same as one big batch."""
+    x, y = data_for(world_size)
     torch.manual_seed(1)
     ref, model = MLP(hidden=8).double(), MLP(hidden=8).double()
     model.load_state_dict(ref.state_dict())
@@ -147,6 +221,13 @@ def case_accumulation(props, rank, world_size, x, y, k=2):
             torch.testing.assert_close(p.grad, q.grad)
 
 
+def test_accumulated_micro_batches_equal_one_big_batch(results):
+    held(results, "accumulation")
+
+
+# ---- lesson 06's loop, broadcast_parameters, the sampler ----------------------------------
+
+@case
 def case_train_loop(props, rank, world_size):
     """shard_loader's per-rank batches + average_gradients == single-process SGD on the same
     global batches; every item once; evaluate == one process."""
@@ -190,6 +271,19 @@ def case_train_loop(props, rank, world_size):
         assert result["total"] == 48, result
 
 
+def test_shard_loader_training_equals_single_process(results):
+    held(results, "train loop")
+
+
+def test_shard_loader_gives_every_item_once(results):
+    held(results, "every item once")
+
+
+def test_evaluate_equals_one_process(results):
+    held(results, "evaluate")
+
+
+@case
 def case_broadcast(props, rank, world_size):
     """broadcast_parameters: ranks start different, end equal to rank 0 (buffers too)."""
     for name, broadcast in BROADCASTS.items():
@@ -206,6 +300,12 @@ def case_broadcast(props, rank, world_size):
             assert model.running.eq(1.0).all(), "the buffer is not rank 0's"
 
 
+@pytest.mark.parametrize("broadcast", BROADCASTS)
+def test_broadcast_parameters_copies_rank_0s_parameters_and_buffers(results, broadcast):
+    held(results, f"broadcast {broadcast}")
+
+
+@case
 def case_sampler(props, rank, world_size):
     data = synthetic(3 * world_size * PER_RANK * 2, seed=1)
     sampler, theirs = ShardSampler(data), DistributedSampler(data)
@@ -214,84 +314,11 @@ def case_sampler(props, rank, world_size):
         assert list(sampler) == list(theirs)
 
 
-def all_properties(rank, world_size):
-    props = Properties(rank)
-    x, y = data_for(world_size)
-    for way in WAYS:
-        case_gradients(props, way, rank, world_size, x[:STEPS], y[:STEPS])
-    case_tied_in_a_list(props, rank, world_size, x, y)
-    case_accumulation(props, rank, world_size, x, y)
-    case_train_loop(props, rank, world_size)
-    case_broadcast(props, rank, world_size)
-    case_sampler(props, rank, world_size)
-    dist.barrier()
-    return dict(props)
-
-
-@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda ws: f"ws{ws}")
-def results(request):
-    return launch(all_properties, request.param, backend="gloo")
-
-
-def held(results, name):
-    assert all(name in r for r in results), f"property {name!r} was never checked"
-    failures = [r[name] for r in results if r[name] is not None]
-    assert not failures, "\n".join(failures)
-
-
-@pytest.mark.parametrize("way", WAYS)
-def test_averaged_first_gradient_equals_single_process(results, way):
-    held(results, f"first gradient {way}")
-
-
-@pytest.mark.parametrize("way", WAYS)
-def test_weights_after_steps_equal_single_process_torch_sgd(results, way):
-    held(results, f"weights {way}")
-
-
-@pytest.mark.parametrize("way", WAYS)
-def test_ranks_hold_bitwise_identical_weights(results, way):
-    held(results, f"identical {way}")
-
-
-@pytest.mark.parametrize("way", WAYS)
-def test_one_all_reduce_when_flat_one_per_gradient_otherwise(results, way):
-    held(results, f"calls {way}")
-
-
-@pytest.mark.parametrize("way", WAYS)
-def test_frozen_and_unused_parameters_keep_no_gradient(results, way):
-    held(results, f"skipped {way}")
-
-
-def test_a_tied_weight_listed_twice_is_reduced_once(results):
-    held(results, "tied in a list")
-
-
-def test_accumulated_micro_batches_equal_one_big_batch(results):
-    held(results, "accumulation")
-
-
-def test_shard_loader_training_equals_single_process(results):
-    held(results, "train loop")
-
-
-def test_shard_loader_gives_every_item_once(results):
-    held(results, "every item once")
-
-
-def test_evaluate_equals_one_process(results):
-    held(results, "evaluate")
-
-
-@pytest.mark.parametrize("broadcast", BROADCASTS)
-def test_broadcast_parameters_copies_rank_0s_parameters_and_buffers(results, broadcast):
-    held(results, f"broadcast {broadcast}")
-
-
 def test_shard_sampler_takes_its_rank_from_the_group(results):
     held(results, "sampler")
 
+
+# ---- outside a group ----------------------------------------------------------------------
 
 def test_average_gradients_outside_a_group_says_what_it_needs():
     with pytest.raises(RuntimeError, match="needs a process group"):

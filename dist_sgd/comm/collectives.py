@@ -17,8 +17,11 @@ any tensor: empty, 0-d, non-contiguous (we work on a contiguous copy and copy ba
 CPU (gloo) or a GPU (NCCL; temporaries are made on the tensor's device).
 
 Reduce ops: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR on the dtypes gloo reduces, with
-gloo's results; what gloo refuses (bitwise ops on floats, AVG on integers, MIN on complex,
-int16, PREMUL_SUM) raises TypeError/ValueError on every rank before any message is sent.
+gloo's results, but one: MIN and MAX propagate every NaN (torch.minimum / torch.maximum: a NaN
+on any rank is NaN in the result), where gloo keeps or drops a NaN depending on the order it
+combines the ranks in (at world size 3 it drops some): ours is the sounder answer. What gloo
+refuses (bitwise ops on floats, AVG on integers, MIN on complex, int16, PREMUL_SUM) raises
+TypeError/ValueError on every rank before any message is sent.
 Every rank must pass as many elements: TORCH_DISTRIBUTED_DEBUG=DETAIL checks it in every
 collective (see _same_everywhere). Not supported: group=, async_op=, sparse tensors (TypeError).
 

@@ -1,10 +1,16 @@
-"""Elastic runs on the emulated nodes: torchrun's command, a store of its own, and a watch on
-the output that tells the story when to remove or add a node (lesson 17).
+"""Elastic runs on the emulated nodes (lesson 17's plumbing): torchrun's command, a store of its
+own, a sink that keeps the nodes' output lines, and one run with a node removed (and added
+back) while it trains, measured.
 
     cmd = torchrun_elastic(["lessons/17_elastic.py", "--checkpoint-dir", d], "node0:29400")
-    watch = Watch()                                  # a Cluster output sink
-    cluster.start(cmd, nodes=[0, 1, 2], output=watch)
-    t, m = watch.wait_for(r"step (\\d+) at world size 3")   # (arrival time, match)
+    with Cluster(4) as cluster:
+        watch = Watch()                              # a Cluster output sink
+        rows = run_act(cluster, watch, cmd, nodes=range(3), lost=2, folder=d, size=2,
+                       back=True)                    # what each change cost, one row each
+
+The training script must print `world size W: resumed from step S ... (reload T s)` when it
+starts from a checkpoint, `step N at world size W` at each checkpoint, and write the step it
+reached into FOLDER/progress (dist_sgd.faults.chaos.write_step): that is what is watched.
 
 torchrun's elastic mode: `--nnodes MIN:MAX` and a c10d rendezvous, a key-value store that the
 node whose address is the --rdzv-endpoint hosts inside its torchrun agent. A node that joins
@@ -20,13 +26,14 @@ The store's host is the weak point: when the node that hosts the c10d store vani
 other agent loses the rendezvous. Measured on the emulated nodes (a vanished host sends no
 reset, so a TCP request to it never returns): the workers fail at their next collective, but
 the agents stay blocked in DynamicRendezvousHandler.num_nodes_waiting, a store request to the
-lost host, so the job neither goes on nor ends until something stops it. The remedy is a store that outlives
-any training node: `python -m dist_sgd.faults.elastic --store PORT` hosts one on a machine of
-its own (what an etcd server, or torchrun's `--rdzv-backend etcd-v2`, gives a real cluster),
-and every node's --rdzv-endpoint names it.
+lost host, so the job neither goes on nor ends until something stops it. The remedy is a store
+that outlives any training node: `python -m dist_sgd.faults.elastic --store PORT` hosts one on
+a machine of its own (what an etcd server, or torchrun's `--rdzv-backend etcd-v2`, gives a real
+cluster), and every node's --rdzv-endpoint names it.
 """
 import argparse
 import datetime
+import os
 import re
 import sys
 import threading
@@ -135,20 +142,31 @@ def sizes_over_steps(rows, world_size, steps):
     return [(world_size, ends[0])] + [(size, end) for (size, _), end in zip(changes, ends[1:])]
 
 
-def describe(row, timeout):
-    """One sentence on what a membership change cost (a row of membership_change)."""
-    if row["resumed"] == "" and "still running" in row["exit"]:
-        return (f"{row['change']} after step {row['after_step']}: the job did not go on, and did "
-                f"not end either: {row['seconds']} s later the other nodes' torchrun still waited "
-                f"on the lost store's host, and were stopped ({row['exit']})")
-    if row["resumed"] == "":
-        return (f"{row['change']} after step {row['after_step']}: the job ended {row['seconds']} s "
-                f"later, no node left to host the rendezvous ({row['exit']})")
-    noticing = f" (up to {timeout:g} s of it noticing)" if "removed" in row["change"] else ""
-    return (f"{row['change']} after step {row['after_step']}: resumed from step {row['resumed']} "
-            f"at world size {row['world_size']}, {row['repeated']} steps repeated, "
-            f"{row['seconds']} s from the change to the resumed step{noticing}, "
-            f"{row['reload_s']} s of it reloading")
+def run_act(cluster, watch, cmd, nodes, lost, folder, size, back=False, store=None,
+            port=29400, after=20, give_up=60, timeout=300):
+    """Start cmd in `nodes` (and a store of its own in node `store`, if given), remove node
+    `lost` once step `after` is saved at full size, and wait for the job to resume at world
+    size `size` (None: it is not expected to); with back=True, add the node back once a step
+    has passed there and wait for the full size again. Then wait for the nodes to finish
+    (give_up seconds when the job is not expected to go on) and stop everything in them.
+    Returns the rows of membership_change, the last one with every node's exit."""
+    full, progress, t0 = len(nodes), os.path.join(folder, "progress"), time.monotonic()
+    if store is not None:
+        cluster.start(store_command(port), nodes=[store], output=watch)
+    cluster.start(cmd, nodes=nodes, output=watch)
+    watch.wait_for(rf"step (\d+) at world size {full}", t0, timeout,
+                   until=lambda m: int(m[1]) >= after)
+    rows = [membership_change(cluster, watch, lost, progress, size=size, timeout=timeout)]
+    if back:  # a few steps on fewer nodes, then the lost node comes back
+        watch.wait_for(rf"step (\d+) at world size {size}", rows[-1]["at"], timeout,
+                       until=lambda m: int(m[1]) > rows[-1]["resumed"])
+        rows.append(membership_change(cluster, watch, lost, progress, cmd, full, timeout))
+    codes = cluster.wait(nodes=nodes, timeout=timeout if size else give_up)  # not the removed
+    rows[-1]["exit"] = " ".join(f"node {n}: {code}" for n, code in codes.items())
+    if size is None:  # how long the job was seen neither going on nor ending
+        rows[-1]["seconds"] = round(time.monotonic() - rows[-1]["at"], 1)
+    cluster.stop()
+    return rows
 
 
 def store_command(port):
