@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from dist_sgd.comm.allreduce import (ALGORITHMS, ALL_REDUCE_ALGORITHMS, ring_all_gather, ring_reduce_scatter,
-                        tree_broadcast, tree_reduce)
+from dist_sgd.comm.allreduce import (ALGORITHMS, ALL_REDUCE_ALGORITHMS, ring_all_gather,
+                                     ring_reduce_scatter, tree_broadcast, tree_reduce)
 from dist_sgd.comm.wire import Link
 from dist_sgd.plumbing.rank import device, world
 
@@ -118,7 +118,8 @@ def _check_tensor(t, name):
 
 def _check_rank(value, name, size):
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
-        raise ValueError(f"{name} must be a rank in 0..{size - 1} (world size {size}), got {value!r}")
+        raise ValueError(f"{name} must be a rank in 0..{size - 1} (world size {size}), "
+                         f"got {value!r}")
 
 
 def _check_list(tensors, name, like, size):
@@ -320,5 +321,6 @@ def barrier():
     token, got = torch.zeros(1, device=device()), torch.empty(1, device=device())
     link, dist_k, step = Link("barrier"), 1, 0
     while dist_k < size:
-        link.at("barrier", step).exchange(token, (rank + dist_k) % size, got, (rank - dist_k) % size)
+        link.at("barrier", step).exchange(token, (rank + dist_k) % size, got,
+                                          (rank - dist_k) % size)
         dist_k, step = dist_k * 2, step + 1

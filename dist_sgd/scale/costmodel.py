@@ -48,7 +48,8 @@ ALGORITHMS = ("naive", "tree", "ring", "ring_pipelined", "halving_doubling", "pa
 
 
 def _check_world_size(world_size):
-    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
+    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) \
+            or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
 
 

@@ -72,7 +72,8 @@ def _group_default(value, what, getter):
         return value
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(f"ShardSampler: {what} not given and no process group is initialized; "
-                           f"pass {what}=... or create it inside dist_sgd.plumbing.launch / torchrun")
+                           f"pass {what}=... or create it inside dist_sgd.plumbing.launch / "
+                           "torchrun")
     return getter()
 
 

@@ -103,9 +103,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if scheme not in SCHEMES:
             raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
         if collectives not in COLLECTIVES:
-            raise ValueError(f"collectives must be one of {tuple(COLLECTIVES)}, got {collectives!r}")
+            raise ValueError(f"collectives must be one of {tuple(COLLECTIVES)}, "
+                             f"got {collectives!r}")
         self.rank, self.world_size = world("ShardedOptimizer")
-        self.scheme, self.comm, self.reduce_gradients = scheme, COLLECTIVES[collectives], reduce_gradients
+        self.scheme, self.comm = scheme, COLLECTIVES[collectives]
+        self.reduce_gradients = reduce_gradients
         self.owners, self.loads, self.comm_log = [], [0] * self.world_size, []
         self.optim = None  # Optimizer.__init__ calls add_param_group before we can shard
         super().__init__(params, dict(kwargs))
@@ -139,7 +141,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self.optim is None:
             return  # still in __init__: the whole list is sharded there
         self._consolidated = None
-        owners, self.loads = partition(self._sizes(self.param_groups[-1:]), self.world_size, self.loads)
+        sizes = self._sizes(self.param_groups[-1:])
+        owners, self.loads = partition(sizes, self.world_size, self.loads)
         self.owners += owners
         self.optim.add_param_group(self._local_group(self.param_groups[-1], owners[0]))
         self._copy_options_back()
@@ -260,7 +263,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         parts = [None] * self.world_size if self.rank == to else None
         dist.gather_object(part, parts, dst=to)  # rare and small next to training: torch's is fine
         if self.rank == to:
-            state = dict(sorted(((k, v) for p in parts for k, v in p.items()), key=lambda kv: kv[0]))
+            state = dict(sorted(((k, v) for p in parts for k, v in p.items()),
+                                key=lambda kv: kv[0]))
             self._consolidated = (to, {"state": state, "param_groups": groups})
         else:
             self._consolidated = (to, None)
@@ -316,7 +320,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     local_state[i] = state_dict["state"][to_saved[id(p)]]
                 ids.append(i)
                 i += 1
-            local_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": ids})
+            options = {k: v for k, v in group.items() if k != "params"}
+            local_groups.append({**options, "params": ids})
         self.optim.load_state_dict({"state": local_state, "param_groups": local_groups})
         self.state = self.optim.state
         self._consolidated = None
