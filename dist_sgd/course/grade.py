@@ -201,6 +201,15 @@ class Context:
                               f"{_num(ranks[0][tuple(differ)], 17)} on rank 0", hints)
 
 
+def random_input(seed, shape, dtype):
+    """A case's input, the same on every run: normal floats, or integers in [-1000, 1000)."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g, dtype=dtype)
+    return torch.randint(-1000, 1000, shape, generator=g, dtype=dtype)
+
+
 def _num(x, digits=7):
     x = float(x)
     return f"{x:.{digits}g}"

@@ -3,7 +3,6 @@ step averages the weights every `period` steps (after warmup_steps), as torch's
 PeriodicModelAverager does; with period 1 that is all-reduce SGD. Each rank's weights after
 the steps are compared with torch's on the same rank, in float64 (within 1e-12: the mean's
 rounding depends on where the division happens)."""
-import copy
 
 import torch
 import torch.distributed as dist

@@ -9,11 +9,11 @@ peer's reducer is still finishing)."""
 import torch
 import torch.distributed as dist
 import torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook as torch_powersgd
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from dist_sgd.course.grade import Grader
+from dist_sgd.course.graders.fp16_compress_hook import Model  # 9 x 12 and 7 x 9, biases
 from dist_sgd.ddp.compress import PowerSGDState
 
 grader = Grader("powerSGD_hook", error_hints={
@@ -22,17 +22,6 @@ grader = Grader("powerSGD_hook", error_hints={
     "size mismatch": "P = M Q is n x r (M is n x m, Q is m x r); Q = M^T P is m x r"})
 PER_RANK, STEPS, START = 6, 5, 2  # steps 0 and 1: plain all-reduce; 2, 3, 4: compressed
 TOL = dict(atol=1e-10, rtol=1e-8)  # float64: only the order of the sums differs from torch's
-
-
-class Model(nn.Module):
-    """Two matrices worth compressing (9 x 12 and 7 x 9, rank 1 and 2), biases sent plain."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(12, 9), nn.Linear(9, 7)
-
-    def forward(self, x):
-        return self.fc2(torch.tanh(self.fc1(x)))
 
 
 def _train(state, hook, rank):
