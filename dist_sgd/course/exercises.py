@@ -156,7 +156,7 @@ EXERCISES = tuple(sorted((
          "if not self._futures: call_when_backward_ends(self.finish_gradient_synchronization); "
          "param.grad.div_(self.world_size); future = start_all_reduce(param.grad, "
          "self.all_reduce)"),
-        world_sizes=(1, 3)),
+        world_sizes=(1, 2, 3)),
     Exercise(
         "bucketed_ddp", "07", "dist_sgd.ddp.bucketed", ("BucketedDDP",),
         "BucketedDDP._launch_complete_buckets: start averaging every complete bucket from "
@@ -174,7 +174,7 @@ EXERCISES = tuple(sorted((
          "bucket = self.buckets[self._next]; bucket.future = in_order(lambda b=bucket: "
          "self.reduce(b) if self.reduce else _all_reduce(b.flat), later=self.reduce is not "
          "None); self._next += 1"),
-        world_sizes=(1, 3)),
+        world_sizes=(1, 2, 3)),
     Exercise(
         "DataParallel", "08", "dist_sgd.ddp.data_parallel", ("scatter", "gather", "DataParallel"),
         "one process, several replicas: scatter the batch into chunks, run a replica on each "

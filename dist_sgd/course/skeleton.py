@@ -16,6 +16,7 @@ regions kept: the library's answer, in the learner's place (the suite proves it 
 """
 import ast
 import re
+import textwrap
 
 START = re.compile(r"^(\s*)# ---- exercise (\w+): (.*)$")
 END = re.compile(r"^\s*# ---- end of exercise\s*$")
@@ -84,7 +85,7 @@ def _blank(lines, exercise, hint_command):
             indent, what = inside.group(1), inside.group(3).strip()
             message = f"{what}; hint: {hint_command}"
             out.append(f"{indent}# ---- your code: {what}")
-            out.append(f"{indent}raise NotImplementedError({message!r})")
+            out += _raise(indent, message)
             inside = None
             continue
         if inside is None:
@@ -92,6 +93,15 @@ def _blank(lines, exercise, hint_command):
     if inside is not None:
         raise ValueError(f"{exercise.source}: exercise {exercise.name} has no end of exercise")
     return out
+
+
+def _raise(indent, message):
+    """`raise NotImplementedError(message)`, its string cut into lines of at most 100."""
+    pieces = textwrap.wrap(message, 96 - len(indent) - 4, break_long_words=False,
+                           break_on_hyphens=False)
+    pieces = [p + " " for p in pieces[:-1]] + pieces[-1:]
+    return [f"{indent}raise NotImplementedError("] + \
+        [f"{indent}    {p!r}" for p in pieces[:-1]] + [f"{indent}    {pieces[-1]!r})"]
 
 
 def _end(lines, last):
@@ -125,7 +135,13 @@ def _build(exercise, blank):
         if exercise.source.endswith(".py"):
             raise ValueError(f"{exercise.name}: a lesson's exercise must not call the lesson's "
                              f"other functions ({', '.join(helpers)})")
-        body.append(f"from {exercise.source} import {', '.join(helpers)}")
+        line = f"from {exercise.source} import {', '.join(helpers)}"
+        if len(line) > 100:  # one name list in parentheses, lines of at most 100
+            head = f"from {exercise.source} import ("
+            line = textwrap.fill(", ".join(helpers) + ")", 100, initial_indent=head,
+                                 subsequent_indent=" " * len(head), break_long_words=False,
+                                 break_on_hyphens=False)
+        body.append(line)
     regions = 0
     for node in definitions:
         first = min([node.lineno] + [d.lineno for d in node.decorator_list])
@@ -144,7 +160,7 @@ def _header(exercise, blank):
     if not blank:
         return (f'"""The reference {exercise.name} ({exercise.source}), as a learner\'s file."""\n')
     return (f'"""Your {exercise.name}: lesson {exercise.lesson} ({lesson}).\n\n'
-            f"What to write: {exercise.what}.\n\n"
+            + textwrap.fill(f"What to write: {exercise.what}.", 96) + "\n\n"
             "Write your code where it says NotImplementedError; keep the names and signatures.\n"
             f"    check it:      python3 -m dist_sgd.course check {exercise.name}   (--watch)\n"
             f"    a hint:        python3 -m dist_sgd.course hint {exercise.name}\n"
