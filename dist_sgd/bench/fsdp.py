@@ -304,7 +304,7 @@ def draw():
     ax_bytes.set_ylim(0, 1.8)
     ax_bytes.set_xlabel("world size p")
     ax_bytes.set_ylabel("bytes sent per step / DDP's")
-    ax_bytes.set_title("bytes per step: ZeRO-3 1.5x, ZeRO-1 and ZeRO-2 1.0x")
+    ax_bytes.set_title("bytes per step over DDP's, counted")
     ax_bytes.legend(fontsize=8)
     for ax in (ax_mem, ax_bytes):
         ax.set_xticks(sizes)
