@@ -35,6 +35,25 @@ def caught_by(path):
     raise AssertionError(f"{path} names no CAUGHT_BY case")
 
 
+def learner_file(path, folder):
+    """A wrong version as a complete learner's file: the file itself, or, for one written as
+    PATCH (changes to the reference: (old, new), old found once), the reference so changed."""
+    tree = ast.parse(open(path).read())
+    patch = next((ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                  and n.targets[0].id == "PATCH"), None)
+    if patch is None:
+        return path
+    text = reference(exercise_of(path))
+    for old, new in patch:
+        assert text.count(old) == 1, f"{os.path.basename(path)}: {old[:60]!r} is not in the " \
+                                     "reference once (the reference changed: update the patch)"
+        text = text.replace(old, new)
+    out = os.path.join(folder, os.path.basename(path))
+    with open(out, "w") as f:
+        f.write(text)
+    return out
+
+
 def cases(exercise):
     return importlib.import_module(exercise.grader).grader.cases
 
@@ -99,8 +118,9 @@ def test_the_untouched_skeleton_fails_every_case(exercise, tmp_path, quick_timeo
 
 
 @pytest.mark.parametrize("path", by_exercise(WRONG))
-def test_each_wrong_version_is_rejected_by_its_case(path, quick_timeouts):
+def test_each_wrong_version_is_rejected_by_its_case(path, tmp_path, quick_timeouts):
     exercise, title = exercise_of(path), caught_by(path)
+    path = learner_file(path, str(tmp_path))
     module = load_file(path, "dist_sgd_mutant_" + os.path.basename(path)[:-3])  # it imports:
     assert all(hasattr(module, s) for s in exercise.symbols)  # rejected for its mistake only
     results = grade.run_grader(exercise.name, ("file", path), titles=[title])
