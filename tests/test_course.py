@@ -132,9 +132,9 @@ def test_each_wrong_version_is_rejected_by_its_case(path, tmp_path, quick_timeou
 
 
 @pytest.mark.parametrize("path", by_exercise(RIGHT))
-def test_each_independent_right_version_passes(path):
+def test_each_independent_right_version_passes(path, tmp_path):
     exercise = exercise_of(path)
-    results = grade.run_grader(exercise.name, ("file", path))
+    results = grade.run_grader(exercise.name, ("file", learner_file(path, str(tmp_path))))
     assert results and all(r.ok for r in results), "\n".join(grade.report(exercise.name, results))
 
 

@@ -351,18 +351,16 @@ def _from_rank_error(grader, title, world_size, error):
         return Result(title, world_size, False, line, hints)
     text = _exception_line(tb) or str(error).splitlines()[0]
     first = str(error).splitlines()[0]
-    hung = "deadline" in first or bool(_TIMED_OUT.search(tb + first))
-    hints = []
-    if "NotImplementedError" in text:
-        hints.append(f"write the part marked NotImplementedError (python3 -m dist_sgd.course "
-                     f"hint {grader.exercise.name})")
-        text = text.split("; hint:")[0]
-    elif hung:
+    # The ranks' notes after a case broke: a peer had timed out in it (a case that failed
+    # otherwise says so through CaseFailed), so the case hung too.
+    broke = "all_gather_object(everyone" in tb
+    hung = "deadline" in first or broke or bool(_TIMED_OUT.search(tb + first))
+    if hung and "NotImplementedError" not in text:
         text = f"{NO_ANSWER} " + ("it did not finish" if "deadline" in first
                                   else "a receive or collective timed out")
-        hints.append(grader.hang_hint)
+        hints = [grader.hang_hint]
     else:
-        hints += _error_hints(grader, tb)
+        text, hints = text.split("; hint:")[0], _error_hints(grader, tb)
     line = f"{grader.exercise.name}, world size {world_size}, rank {error.rank}, {title}: {text}"
     return Result(title, world_size, False, line[:400], hints[:2], hung)
 
