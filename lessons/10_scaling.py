@@ -12,15 +12,19 @@ emulated network (lesson 11's cluster: one network namespace per node, 100 Mbit/
   2. The alpha-beta model: a message of n bytes costs alpha + n * beta. Fitted once to a
      ping-pong (never to the all-reduces it predicts), it predicts every all-reduce:
      ring 2(p-1) alpha + 2(p-1)/p n beta, tree 2 log2(p) (alpha + n beta) (costmodel.py).
+     On one machine a second term joins it: what a message costs the CPU (measured alone,
+     while two nodes swap messages), paid p/c times per step when p ranks share c cores.
   3. On the network, a curve means what it would on a cluster: the link, not the CPU, is
      what a big all-reduce waits for. The benchmark (figures/netscale.png) measures 2-16
      nodes: the ring's time barely grows with p, the tree's grows as log2 p, the naive one's
-     as p; small messages are latency-bound, so there the tree beats the ring.
+     as p; small messages are latency-bound, so there the tree beats the ring, up to a
+     size the lesson prints for each node count, measured and predicted.
   4. Training on it (figures/nettrain.png): each node keeps its batch (weak scaling); a step
      is compute plus what the link costs; DDP hides part of it behind backward, PowerSGD and
      local SGD send less. The nodes still share this machine's cores, so compute itself
      slows down with p: the lesson keeps that apart from the link's cost.
-  5. Validated on 2-16 nodes, the model extrapolates to 1024 workers on real networks.
+  5. Validated on 2-16 nodes, the model extrapolates to 1024 workers on real networks,
+     with the link alone: there every rank has cores of its own.
 
 Without root (no network namespaces) part 3 shows the numbers in figures/ instead and says
 how to measure them. Numbers measured here are your machine's; the committed ones are from
@@ -35,7 +39,8 @@ Exercises:
   1. Compare "% of a step computes" on loopback and on the link. Which one is a cluster?
   2. Find the message size where ring and tree cost the same for p = 16 with the fitted alpha
      and beta (costmodel.predict_all_reduce). Is it where figures/netscale.png shows it?
-  3. Why does the 16-node ring at 4 KiB take far longer than 30 alphas? (16 processes, 2 cores.)
+  3. Why does the 16-node ring at 4 KiB take far longer than 30 alphas? How many turns on
+     a core does each of its steps wait for (costmodel.turns)?
   4. With the extrapolation's numbers, which per-worker batch brings 1024 workers to 50%?
 """
 import os
@@ -47,8 +52,9 @@ import torch.nn.functional as F
 from dist_sgd.comm.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 from dist_sgd.comm.p2p import ping_pong
 from dist_sgd.plumbing.check import check, max_diff
-from dist_sgd.plumbing.figures import (MODEL_OF, NETACCURACY_TARGET, netaccuracy_summary,
-                                       netscale_summary, nettrain_efficiency, read_csv)
+from dist_sgd.plumbing.figures import (MODEL_OF, NETACCURACY_TARGET, crossover_words,
+                                       netaccuracy_summary, netscale_summary, nettrain_efficiency,
+                                       read_csv)
 from dist_sgd.plumbing.launch import launch, lesson_parser
 from dist_sgd.plumbing.rank import log, under_torchrun
 from dist_sgd.plumbing.timing import summarize, time_alternating
@@ -133,12 +139,11 @@ def recorded():
     scale, train, acc = map(read_csv, ("netscale", "nettrain", "netaccuracy"))  # (rows, facts)
     log(f"\n--- figures/netscale.png: all-reduce on 2-16 nodes ---\n  measured on {scale[1]}")
     s = netscale_summary(scale[0])
-    for a, (e, (_, p, n)) in s["error"].items():
+    for a, (e, (_, p, n)) in s["error"]["model"].items():  # the model with this machine's CPU
         log(f"  {a:16s} model vs measured at >= 1 MiB: worst {e:.0%} ({p} nodes, "
-            f"{costmodel.human_bytes(n)})")
-    most = max(s["crossover"])
-    sizes = [", ".join(map(costmodel.human_bytes, ns)) for ns in s["crossover"][most]]
-    log(f"  {most} nodes: the tree beats the ring at {sizes[0]} (model: {sizes[1]})")
+            f"{costmodel.human_bytes(n)}); the link alone: {s['error']['model_link'][a][0]:.0%}")
+    for (a, p), c in s["crossover"].items():
+        log(f"  ring overtakes {a:16s} at {p:2d} nodes: {crossover_words(c)}")
     log("--- figures/nettrain.png: weak scaling of BigNet, efficiency vs one node alone ---")
     eff = nettrain_efficiency(train[0])
     ps = sorted({p for _, p in eff})
@@ -156,7 +161,7 @@ def recorded():
 
 
 def extrapolate(compute, nbytes):
-    log(f"\n--- the model at scale: BigNet's compute here ({compute * 1e3:.0f} ms), no overlap ---")
+    log(f"\n--- the model at scale, link alone: BigNet's {compute * 1e3:.0f} ms, no overlap ---")
     for net, (gbit, lat) in (("10 Gbit/s Ethernet", (10, 25)), ("100 Gbit/s RDMA", (100, 5))):
         effs = [costmodel.predict_step(compute, nbytes, q, "ring", *costmodel.link(gbit, lat))[1]
                 for q in (8, 64, 1024)]

@@ -126,6 +126,19 @@ def test_halving_doubling_matches_the_model(traced):
         assert len(hd[0]) + len(hd[1]) == messages and sum(hd[0]) + sum(hd[1]) == nbytes
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "halving_doubling"])
+def test_steps_are_the_messages_each_rank_sends(traced, algorithm):
+    # the CPU share charges every step by its own size: the sizes must be the real ones
+    p, ranks = traced
+    model = sorted(round(f * NUMEL * 4) for count, f in costmodel.steps(algorithm, p)
+                   for _ in range(count))
+    if algorithm == "ring" or p & (p - 1) == 0:
+        assert all(sorted(rank[algorithm]["sent"]) == model for rank in ranks), model
+    else:  # p = 3: the fold-in from rank 0, then rank 1 stands for both (its halving and
+        # doubling exchange with rank 2, and the fold-out)
+        assert sorted(ranks[0][algorithm]["sent"] + ranks[1][algorithm]["sent"]) == model
+
+
 @pytest.mark.parametrize("algorithm", ["naive", "tree"])
 def test_root_traffic_matches_the_model(traced, algorithm):
     p, ranks = traced
@@ -272,6 +285,73 @@ def test_link_converts_gbit_and_microseconds():
     assert costmodel.link(10, 25) == pytest.approx((25e-6, 0.8e-9))
 
 
+@pytest.mark.parametrize("algorithm", costmodel.ALGORITHMS)
+@pytest.mark.parametrize("p", [1, 2, 3, 5, 8, 16])
+def test_coefficients_add_up_the_steps(algorithm, p):
+    a, b, c = costmodel.coefficients(algorithm, p)
+    path = costmodel.steps(algorithm, p)
+    assert a == sum(k for k, _ in path) and b == pytest.approx(sum(k * f for k, f in path))
+    assert c == pytest.approx(b / 2)
+    assert predict_all_reduce(algorithm, 1000, p, 1e-4, 1e-8) == pytest.approx(
+        a * 1e-4 + 1000 * b * 1e-8)
+
+
+ALPHA, BETA, KAPPA, PER_BYTE = 200e-6, 8e-8, 300e-6, 2e-9
+
+
+@pytest.mark.parametrize("algorithm", costmodel.ALGORITHMS)
+def test_with_a_core_per_rank_the_cpu_share_is_the_link_alone(algorithm):
+    # a message's CPU (100 us + 2 ns/B) is below its link time (200 us + 80 ns/B): hidden
+    for p in (1, 2, 3):
+        for n in (64, 2 ** 20):
+            assert predict_all_reduce(algorithm, n, p, ALPHA, BETA, cpu=(1e-4, PER_BYTE, 4)) \
+                == pytest.approx(predict_all_reduce(algorithm, n, p, ALPHA, BETA))
+    # and a rank's own CPU bounds a step even with a core to itself (300 us > 200 us)
+    if algorithm != "parameter_server":
+        assert predict_all_reduce(algorithm, 64, 2, ALPHA, BETA, cpu=(KAPPA, 0.0, 4)) \
+            == pytest.approx(2 * KAPPA)  # p = 2: two messages on the path
+
+
+def test_ranks_taking_turns_cost_each_step_the_slower_of_link_and_cpu():
+    p, cores = 16, 2  # 8 ranks per core
+    assert costmodel.turns(p, cores) == 8.0 and costmodel.turns(2, 4) == 1.0
+    for n in (1024, 2 ** 20, 2 ** 24):
+        m = n / p  # the ring's 30 steps, each of one chunk, written out
+        want = 30 * max(ALPHA + m * BETA, 8 * (KAPPA + m * PER_BYTE))
+        got = predict_all_reduce("ring", n, p, ALPHA, BETA, cpu=(KAPPA, PER_BYTE, cores))
+        assert got == pytest.approx(want)
+    # small messages: the CPU's turns (30 x 8 x 300 us); big ones: the link, as alone
+    assert predict_all_reduce("ring", 1024, p, ALPHA, BETA, cpu=(KAPPA, PER_BYTE, cores)) \
+        == pytest.approx(30 * 8 * (KAPPA + 64 * PER_BYTE))
+    assert predict_all_reduce("ring", 2 ** 24, p, ALPHA, BETA, cpu=(KAPPA, PER_BYTE, cores)) \
+        == pytest.approx(predict_all_reduce("ring", 2 ** 24, p, ALPHA, BETA))
+    # halving-doubling's steps halve: its big first steps are the link's, its small last the CPU's
+    hd = predict_all_reduce("halving_doubling", 2 ** 16, p, ALPHA, BETA, cpu=(KAPPA, 0.0, cores))
+    assert hd == pytest.approx(sum(2 * max(ALPHA + 2 ** 16 / 2 ** k * BETA, 8 * KAPPA)
+                                   for k in range(1, 5)))
+
+
+def test_fit_cpu_recovers_the_cost_per_message_and_per_byte():
+    rows = [{"bytes": n, "seconds": KAPPA + PER_BYTE * n} for n in (64, 65536, 2 ** 20)]
+    assert costmodel.fit_cpu(rows) == pytest.approx((KAPPA, PER_BYTE))
+    flat = [{"bytes": n, "seconds": t} for n, t in ((64, 3e-4), (2 ** 20, 2.9e-4))]
+    assert costmodel.fit_cpu(flat) == pytest.approx((2.95e-4, 0.0))  # no cost per byte seen
+    with pytest.raises(ValueError, match="two or more sizes"):
+        costmodel.fit_cpu(rows[:1])
+
+
+def test_crossover_is_where_the_ring_stops_being_slower():
+    p = 16
+    n = costmodel.crossover("tree", "ring", p, ALPHA, BETA)
+    # ring = tree: 30 a + 1.875 n b = 8 a + 8 n b, so n = 22 a / (6.125 b)
+    assert n == pytest.approx(22 * ALPHA / (6.125 * BETA), rel=0.02)
+    assert costmodel.crossover("halving_doubling", "ring", p, ALPHA, BETA) is None  # never
+    assert costmodel.crossover("tree", "ring", 2, ALPHA, BETA) == 1.0  # p = 2: at every size
+    # the CPU's turns make every step dearer, the ring's 30 most: it catches up later
+    cpu = (KAPPA, PER_BYTE, 2)
+    assert costmodel.crossover("tree", "ring", p, ALPHA, BETA, cpu=cpu) > n
+
+
 def test_human_bytes():
     assert [costmodel.human_bytes(n) for n in (8, 1536, 2 ** 26)] == ["8 B", "1.5 KiB", "64 MiB"]
 
@@ -282,6 +362,8 @@ def test_human_bytes():
     (lambda: predict_all_reduce("ring", 10, 2.5, 0, 0), "world_size"),
     (lambda: predict_all_reduce("ring", -1, 2, 0, 0), "nbytes"),
     (lambda: predict_all_reduce("ring", 10, 2, -1e-6, 0), "alpha"),
+    (lambda: predict_all_reduce("ring", 10, 2, 0, 0, cpu=(1e-4, 0, 0)), "cores"),
+    (lambda: predict_all_reduce("ring", 10, 2, 0, 0, cpu=(-1e-4, 0, 2)), "kappa"),
     (lambda: fit_alpha_beta([1, 2, 3], [1.0, 2.0]), "one time per size"),
     (lambda: fit_alpha_beta([8, 8, 8], [1.0, 1.1, 0.9]), "two or more different sizes"),
     (lambda: fit_alpha_beta([8, 16], [1.0, 0.0]), "times must be"),

@@ -12,9 +12,9 @@ import os
 import pytest
 
 from dist_sgd.bench import netaccuracy, netscale, nettrain, nodes
-from dist_sgd.plumbing.figures import (MODEL_OF, NETACCURACY_TARGET, netaccuracy_summary,
-                                       netscale_summary, netscale_with_model, nettrain_efficiency,
-                                       read_csv, write_csv)
+from dist_sgd.plumbing.figures import (MODEL_OF, NETACCURACY_TARGET, crossover_words,
+                                       netaccuracy_summary, netscale_summary, netscale_with_model,
+                                       nettrain_efficiency, read_csv, write_csv)
 from dist_sgd.plumbing.launch import launch
 from dist_sgd.scale import cluster, costmodel
 from dist_sgd.sgd import data
@@ -38,17 +38,25 @@ def test_tcp_goodput_of_a_link():
 
 # ---- netscale ---------------------------------------------------------------------------
 
-def _netscale_rows(factor):
-    """Ping-pong on the line; every all-reduce = the model x factor[algorithm]."""
+CPU = (250e-6, 2e-9, 2)  # 250 us + 2 ns per byte per message, 2 cores
+
+
+def _netscale_rows(factor, cpu=None):
+    """Ping-pong on the line; every all-reduce = the model x factor[algorithm]; with cpu, the
+    2-node cluster's CPU per message on its line and the all-reduces from the model with it."""
     rows = [{"part": "ping-pong", "nodes": 2, "algorithm": "one way", "bytes": n,
              "seconds": ALPHA + BETA * n, "min": 0, "max": 0, "max_diff": ""}
             for n in costmodel.shaped_link_sizes()]
+    if cpu:
+        rows += [{"part": "cpu", "nodes": 2, "algorithm": "exchange", "bytes": n,
+                  "seconds": cpu[0] + cpu[1] * n, "min": "", "max": "", "max_diff": "",
+                  "cores": cpu[2]} for n in (64, 64 * KiB, MiB)]
     for p in (2, 4, 8, 16):
         for n in (4 * KiB, 64 * KiB, MiB, 4 * MiB):
             for a in netscale.ALGORITHMS:
                 if not netscale.timed(a, n, p):
                     continue
-                t = costmodel.predict_all_reduce(MODEL_OF.get(a, a), n, p, ALPHA, BETA)
+                t = costmodel.predict_all_reduce(MODEL_OF.get(a, a), n, p, ALPHA, BETA, cpu=cpu)
                 # the given factor at 16 nodes, half as far from 1 elsewhere: one worst point
                 f = factor[a] if p == 16 else 1 + (factor[a] - 1) / 2
                 t *= f if n >= MiB else 1.0
@@ -62,9 +70,11 @@ FACTORS = {"gloo": 1.0, "ring": 1.04, "halving_doubling": 1.08, "tree": 1.15, "n
 
 def test_netscale_model_errors_bus_bandwidth_and_ratio_from_known_rows():
     s = netscale_summary(_netscale_rows(FACTORS))
-    for a, f in FACTORS.items():  # |model / measured - 1|, the worst over every >= 1 MiB point
-        assert s["error"][a][0] == pytest.approx(abs(1 / f - 1), rel=1e-6), a
-        assert f == 1.0 or s["error"][a][1][1] == 16, s["error"][a]  # where: at 16 nodes
+    assert s["cpu"] is None  # no CPU rows: both models are the link alone
+    for m in ("model", "model_link"):
+        for a, f in FACTORS.items():  # |model / measured - 1|, the worst over every >= 1 MiB point
+            assert s["error"][m][a][0] == pytest.approx(abs(1 / f - 1), rel=1e-6), a
+            assert f == 1.0 or s["error"][m][a][1][1] == 16, s["error"][m][a]  # at 16 nodes
     assert s["ring/gloo"] == pytest.approx(1.04)
     # gloo on the model's ring: the lowest bus bandwidth is at 16 nodes and 1 MiB (most alphas)
     t = costmodel.predict_all_reduce("ring", MiB, 16, ALPHA, BETA)
@@ -72,25 +82,55 @@ def test_netscale_model_errors_bus_bandwidth_and_ratio_from_known_rows():
     assert s["bus"]["gloo"] == pytest.approx(bus)
 
 
-def test_netscale_finds_the_tree_ring_crossover_in_the_measurements():
-    s = netscale_summary(_netscale_rows(FACTORS))
-    for p in (2, 4, 8, 16):
-        measured, model = s["crossover"][p]
-        assert measured == model  # the measurements are the model here (below 1 MiB)
-    ring = costmodel.predict_all_reduce("ring", 4 * KiB, 16, ALPHA, BETA)
-    tree = costmodel.predict_all_reduce("tree", 4 * KiB, 16, ALPHA, BETA)
-    assert (4 * KiB in s["crossover"][16][0]) == (tree < ring) and tree < ring
-    assert MiB not in s["crossover"][16][0]
+def test_netscale_model_with_the_cpu_rows_is_the_one_errors_are_taken_against():
+    rows = _netscale_rows(FACTORS, cpu=CPU)
+    s = netscale_summary(rows)
+    assert s["cpu"] == pytest.approx(CPU)  # refitted from the CPU rows
+    for a, f in FACTORS.items():
+        assert s["error"]["model"][a][0] == pytest.approx(abs(1 / f - 1), rel=1e-6), a
+    for r in rows:
+        if r["part"] == "all-reduce":  # the CPU's turns only add; with a core per rank, nothing
+            assert r["model"] >= r["model_link"] * (1 - 1e-12)
+            if r["nodes"] == 2 and r["bytes"] >= 64 * KiB:
+                assert r["model"] == pytest.approx(r["model_link"])
+    # 16 ranks on 2 cores: at 4 KiB the ring's 30 steps are the CPU's (30 x 8 x 250 us)
+    ring = next(r for r in rows if r["part"] == "all-reduce" and r["algorithm"] == "ring"
+                and r["nodes"] == 16 and r["bytes"] == 4 * KiB)
+    assert ring["model"] == pytest.approx(30 * 8 * (CPU[0] + CPU[1] * 4 * KiB / 16))
+    assert ring["model"] > 5 * ring["model_link"]
+
+
+@pytest.mark.parametrize("cpu", [None, CPU])
+def test_netscale_finds_where_the_ring_overtakes_tree_and_halving_doubling(cpu):
+    s = netscale_summary(_netscale_rows(FACTORS, cpu=cpu))
+    for (a, p), c in s["crossover"].items():
+        low, high = c["measured"]  # the measurements are the model below 1 MiB here
+        n = c["model"]
+        if n is None:  # never: the other one is faster at every size measured below 1 MiB
+            assert low is not None and low >= 64 * KiB, (a, p, c)
+        elif n <= 1:  # at every size: the ring wins from the smallest on
+            assert low is None, (a, p, c)
+        else:
+            assert (low is None or low < n) and (high is None or n <= high), (a, p, c)
+    assert s["crossover"]["tree", 2]["model"] == 1.0  # 2 nodes: the ring sends half as much
+    assert s["crossover"]["halving_doubling", 16]["model_link"] is None  # fewer alphas, same bytes
+    n16 = s["crossover"]["tree", 16]["model_link"]
+    assert n16 == pytest.approx(22 * ALPHA / ((8 - 1.875) * BETA), rel=0.02)  # 30a+1.875nb=8a+8nb
+    # the CPU's turns cost the ring's 30 small steps most: it catches up later
+    words = "between 4 KiB and 64 KiB" if cpu is None else "between 64 KiB and 1 MiB"
+    assert f"measured {words}" in crossover_words(s["crossover"]["tree", 16])
 
 
 def test_netscale_report_and_figure(figures, capsys):
-    write_csv(netscale.NAME, _netscale_rows(FACTORS), "2 cores (test), no GPU")
+    write_csv(netscale.NAME, _netscale_rows(FACTORS, cpu=CPU), "2 cores (test), no GPU")
     rows, _ = read_csv(netscale.NAME)
     netscale.report(rows)
     out = capsys.readouterr().out
     assert f"alpha = {ALPHA * 1e6:.0f} us, 1/beta = 96.0 Mbit/s" in out, out
+    assert "CPU per message, 2 nodes swapping (every core's busy time): 250 us + 2.00 ns" in out
     assert "our ring / gloo: at most 1.040x" in out, out
     assert "halving_doubling: worst  7.4%" in out, out
+    assert "ring overtakes tree             at 16 nodes: measured between" in out, out
     (png,) = netscale.draw()
     assert os.path.getsize(png) > 20_000
 
@@ -153,6 +193,26 @@ def test_nettrain_model_from_the_parts_measured_alone():
         assert pred[nettrain.STRATEGIES[-1], p] == pytest.approx(c + ring(sum(grads), p) / 8)
     assert pred["our DDP", 1] == pytest.approx(0.040 * 1.25)  # one node: only compute
     assert pred["our DDP", 8] > 0.010 * 3 + 0.030 * 3  # communication longer than backward
+
+
+def test_nettrain_model_with_the_cpu_share_charges_each_message_its_turns():
+    rows = _nettrain_rows() + [
+        {"part": "cpu", "nodes": 2, "name": "exchange", "bytes": n, "seconds": CPU[0] + CPU[1] * n,
+         "min": "", "max": "", "batch": "", "detail": "", "cores": CPU[2]} for n in (64, MiB)]
+    assert nettrain.cpu_of(rows) == pytest.approx(CPU)
+    pred, link = nettrain.predict(rows, ALPHA, BETA, CPU), nettrain.predict(rows, ALPHA, BETA)
+
+    def ring(n, p):  # 2(p-1) steps, each the slower of its link time and p/2 turns of its CPU
+        return 2 * (p - 1) * max(ALPHA + n / p * BETA, max(1, p / 2) * (CPU[0] + n / p * CPU[1]))
+    cp = 0.050 * 3
+    assert pred["our DDP + PowerSGD", 8] == pytest.approx(
+        cp + ring(360, 8) + ring(80_000, 8) + ring(70_000, 8))
+    assert pred["our DDP + PowerSGD", 8] > link["our DDP + PowerSGD", 8]
+    assert pred["our DDP", 1] == link["our DDP", 1]  # one node: nothing sent
+    rows = nettrain.with_model(rows)
+    assert all(r["model_link"] == pytest.approx(link[r["name"], r["nodes"]]) and
+               r["model"] == pytest.approx(pred[r["name"], r["nodes"]])
+               for r in rows if r["part"] == "step")
 
 
 def test_nettrain_efficiency_separates_the_cpu_from_the_link():
@@ -249,7 +309,10 @@ def test_netscale_runs_inside_two_nodes_and_leaves_nothing_behind(capsys):
     assert "left behind by the 2-node cluster: nothing" in capsys.readouterr().out
     assert out["nodes"] == 2 and all(d <= 1e-5 for d in out["diffs"].values()), out["diffs"]
     rows = netscale_with_model(netscale._rows(out))
-    assert all(r["model"] > 0 for r in rows)
+    assert all(r["model"] > 0 for r in rows if r["part"] != "cpu")
+    cpu = [r for r in rows if r["part"] == "cpu"]  # the machine's share, measured in 2 nodes
+    assert [r["bytes"] for r in cpu] == list(netscale.settings(True)["cpu"][0]), cpu
+    assert all(r["seconds"] > 0 and r["cores"] == os.cpu_count() for r in cpu), cpu
     # 1 MiB over a 100 Mbit/s link: no faster than the link (TCP's ceiling + the bucket's 70 KB)
     big = [r for r in rows if r["part"] == "all-reduce" and r["bytes"] == MiB]
     fastest = (MiB - cluster.SCALING_BURST) / cluster.link_goodput(100e6)

@@ -1,9 +1,12 @@
-"""dist_sgd.comm.p2p.ping_pong: the table it returns on three ranks, and a group of one refused."""
+"""dist_sgd.comm.p2p.ping_pong and exchange_cpu: the tables they return on three ranks, a group
+of one refused, and the machine's busy time they read."""
+import time
+
 import pytest
 import torch.distributed as dist
 
 from dist_sgd.plumbing.launch import launch
-from dist_sgd.comm.p2p import ping_pong
+from dist_sgd.comm.p2p import exchange_cpu, machine_cpu_seconds, ping_pong
 from test_launch import check_report, report
 
 SIZES = [8, 4096, 2 ** 18]
@@ -12,6 +15,7 @@ SIZES = [8, 4096, 2 ** 18]
 def ping_pong_rows(rank, world_size):
     out = report(rank, world_size, "env")
     out["rows"] = ping_pong(SIZES, repeats=3, warmup=1)
+    out["cpu"] = exchange_cpu([64, 65536], seconds=0.05)  # rank 2 only waits
     for bad in ([], [0], [-8], [1.5]):
         with pytest.raises(ValueError):
             ping_pong(bad)
@@ -27,6 +31,22 @@ def test_ping_pong_on_three_ranks():
     for r in rows:
         assert 0 < r["min"] <= r["seconds"] <= r["max"] < 5, r
         assert r["bandwidth"] == pytest.approx(r["bytes"] / r["seconds"])
+    for result in results:
+        cpu = result["cpu"]
+        assert [r["bytes"] for r in cpu] == [64, 65536], cpu
+        assert all(r["messages"] >= 10 and r["messages"] % 2 == 0 for r in cpu), cpu
+        assert all(r["seconds"] >= 0 and 0 <= r["busy"] <= 1.05 for r in cpu), cpu
+    # the same number of swaps on both ranks, or one would have waited forever
+    assert [r["messages"] for r in results[0]["cpu"]] == [r["messages"] for r in results[1]["cpu"]]
+
+
+def test_the_machines_busy_time_grows_with_work_not_with_sleep():
+    before = machine_cpu_seconds()
+    end = time.perf_counter() + 0.3
+    while time.perf_counter() < end:
+        pass
+    busy = machine_cpu_seconds() - before
+    assert busy >= 0.2, busy  # a core kept busy for 0.3 s (ticks are 10 ms)
 
 
 def test_one_rank_is_refused(tmp_path):
@@ -35,5 +55,7 @@ def test_one_rank_is_refused(tmp_path):
     try:
         with pytest.raises(ValueError, match="at least 2 ranks"):
             ping_pong([8])
+        with pytest.raises(ValueError, match="at least 2 ranks"):
+            exchange_cpu([8])
     finally:
         dist.destroy_process_group()

@@ -11,15 +11,21 @@ link-bound for big messages. For each node count p a fresh cluster runs, in ever
   1. checks every all-reduce (gloo's and our naive, tree, ring, halving-doubling) against the
      single-machine sum, at an odd size (uneven chunks);
   2. plays ping-pong between nodes 0 and 1 (64 B - 16 MiB with 2 nodes, a few sizes else);
+     with 2 nodes it also measures what a message costs the CPU (p2p.exchange_cpu: the busy
+     time of every core while two ranks swap messages, per message, at three sizes);
   3. times the five all-reduces at 1 KiB - 16 MiB, alternated at each size (medians).
 
 Then one alpha-beta line is fitted once, to the 2-node ping-pong (every cluster's links are
 alike; the all-reduces it predicts never enter the fit), and predicts every measured point
-with the algorithm's coefficients (dist_sgd.scale.costmodel; gloo's all-reduce is a ring):
+with the algorithm's steps (dist_sgd.scale.costmodel; gloo's all-reduce is a ring) twice:
+the link alone (`model_link`: what a cluster with a core per rank sees, the one lesson 10
+extrapolates with) and the link plus this machine's CPU (`model`: p ranks taking turns on
+its cores, with the CPU cost per message measured in step 2, never fitted to an all-reduce):
 dist_sgd.plumbing.figures' netscale_with_model and netscale_summary, which lesson 10 quotes.
 Capped to keep the run under 20 minutes: naive at 8 and 16 nodes stops at 4 MiB (one 16 MiB
 sample would take 20 and 40 s; its 1-4 MiB points already test its line).
 """
+import os
 import sys
 
 import torch
@@ -27,8 +33,9 @@ import torch.distributed as dist
 
 from dist_sgd.bench import nodes
 from dist_sgd.bench.common import measured_as_root
-from dist_sgd.plumbing.figures import (machine_facts, netscale_fit, netscale_summary,
-                                       netscale_table, netscale_with_model, write_csv)
+from dist_sgd.plumbing.figures import (crossover_words, machine_facts, netscale_fit,
+                                       netscale_summary, netscale_table, netscale_with_model,
+                                       write_csv)
 from dist_sgd.plumbing.timing import summarize, time_alternating
 from dist_sgd.scale import cluster, costmodel
 
@@ -44,11 +51,13 @@ def settings(quick):
     if quick:
         return {"nodes": (2, 4), "sizes": (4 * KiB, 64 * KiB, 1 * MiB),
                 "pp": {2: costmodel.shaped_link_sizes(quick=True), "other": (KiB, MiB)},
-                "repeats": lambda n: 2}
+                "cpu": ((64, 64 * KiB), 0.2), "repeats": lambda n: 2}
     return {"nodes": (2, 4, 8, 16), "sizes": tuple(4 ** k * KiB for k in range(8)),
             # the fit's ping-pong in the 2-node cluster, 1 KiB .. 16 MiB; elsewhere a check
             # that the links are the same
             "pp": {2: (64,) + tuple(4 ** k * KiB for k in range(8)), "other": (KiB, 64 * KiB, MiB)},
+            # CPU seconds per message: ~1 s of swaps per size, with 2 nodes only
+            "cpu": ((64, 64 * KiB, MiB), 1.0),
             "repeats": lambda n: 9 if n <= 256 * KiB else (5 if n <= 4 * MiB else 3)}
 
 
@@ -66,7 +75,7 @@ def _all_reduce(name):
 
 def _node_work(rank, world_size, quick):
     """In every node (one rank each): checks, ping-pong, then every all-reduce at every size."""
-    from dist_sgd.comm.p2p import ping_pong
+    from dist_sgd.comm.p2p import exchange_cpu, ping_pong
     from dist_sgd.plumbing.check import max_diff
 
     s = settings(quick)
@@ -80,7 +89,8 @@ def _node_work(rank, world_size, quick):
         fn(t)
         diffs[name] = max_diff(t, expected)
     sizes = s["pp"].get(world_size, s["pp"].get("other", ()))
-    out = {"nodes": world_size, "diffs": diffs, "ping-pong": ping_pong(list(sizes), 5)}
+    out = {"nodes": world_size, "diffs": diffs, "ping-pong": ping_pong(list(sizes), 5),
+           "cpu": exchange_cpu(*s["cpu"]) if world_size == 2 else [], "cores": os.cpu_count()}
     out["all-reduce"] = {}
     for n in s["sizes"]:
         buffers = {name: torch.ones(n // 4) for name in ALGORITHMS if timed(name, n, world_size)}
@@ -100,6 +110,10 @@ def _rows(out):
     for r in out["ping-pong"]:
         rows.append({"part": "ping-pong", "nodes": p, "algorithm": "one way", "bytes": r["bytes"],
                      "seconds": r["seconds"], "min": r["min"], "max": r["max"], "max_diff": ""})
+    for r in out.get("cpu", []):  # seconds: CPU seconds per message (every core's busy time)
+        rows.append({"part": "cpu", "nodes": p, "algorithm": "exchange", "bytes": r["bytes"],
+                     "seconds": r["seconds"], "min": "", "max": "", "max_diff": "",
+                     "cores": out["cores"]})
     for (name, n), samples in out["all-reduce"].items():
         s = summarize(samples)
         rows.append({"part": "all-reduce", "nodes": p, "algorithm": name, "bytes": n,
@@ -126,28 +140,37 @@ def report(rows):
     print(f"ping-pong, 2 nodes (<= 1 KiB, >= 2 MiB): alpha = {alpha * 1e6:.0f} us, "
           f"1/beta = {8 / beta / 1e6:.1f} Mbit/s = {1 / beta / rate:.1%} of the link's rate "
           f"(TCP's ceiling: {cluster.link_goodput(rate * 8) / rate:.1%})")
+    s = netscale_summary(rows)
+    if s["cpu"] is None:
+        print("no CPU cost per message in these rows: the model is the link alone")
+    else:
+        kappa, per_byte, cores = s["cpu"]
+        print(f"CPU per message, 2 nodes swapping (every core's busy time): {kappa * 1e6:.0f} us"
+              f" + {per_byte * 1e9:.2f} ns per byte; {cores} cores, so p ranks take p/{cores} "
+              "turns each")
     ar = netscale_table(rows)
     for p in sorted({q for _, q, _ in ar}):
-        print(f"{p} nodes: all-reduce median ms, model ms in brackets, bus bandwidth % of the link")
+        print(f"{p} nodes: all-reduce median ms, [model: link + CPU | link alone], model's error,"
+              " bus bandwidth % of the link")
         for n in sorted({m for _, q, m in ar if q == p}):
-            cells = [f"{a} {ar[a, p, n]['seconds'] * 1e3:8.1f} [{ar[a, p, n]['model'] * 1e3:8.1f}]"
-                     f" {costmodel.bus_bandwidth(n, p, ar[a, p, n]['seconds']) / rate:4.0%}"
-                     for a in ALGORITHMS if (a, p, n) in ar]
+            cells = [f"{a} {r['seconds'] * 1e3:7.1f} [{r['model'] * 1e3:7.1f} |"
+                     f"{r['model_link'] * 1e3:7.1f}] {r['model'] / r['seconds'] - 1:+4.0%} "
+                     f"{costmodel.bus_bandwidth(n, p, r['seconds']) / rate:4.0%}"
+                     for a in ALGORITHMS if (r := ar.get((a, p, n)))]
             print(f"  {costmodel.human_bytes(n):>7s}  " + " | ".join(cells))
     worst = max(r["max_diff"] for r in ar.values())
     print(f"every all-reduce vs the single-machine sum: max difference {worst:.1e}")
-    s = netscale_summary(rows)
     print("at >= 1 MiB, every node count:")
     print("  lowest bus bandwidth: " + ", ".join(f"{a} {v:.1%} of the link's rate"
                                                 for a, v in s["bus"].items()))
     print(f"  our ring / gloo: at most {s['ring/gloo']:.3f}x")
-    for a, (e, (_, p, n)) in s["error"].items():
+    for a, (e, (_, p, n)) in s["error"]["model"].items():
+        e_link, (_, p_link, n_link) = s["error"]["model_link"][a]
         print(f"  model vs measured, {a:16s}: worst {e:5.1%} ({p} nodes, "
-              f"{costmodel.human_bytes(n)})")
-    for p, (measured, model) in s["crossover"].items():
-        show = lambda ns: ", ".join(costmodel.human_bytes(n) for n in ns) or "none"  # noqa: E731
-        print(f"  tree faster than ring at {p:2d} nodes: measured {show(measured)}; "
-              f"model {show(model)}")
+              f"{costmodel.human_bytes(n)}); link alone {e_link:5.1%} ({p_link} nodes, "
+              f"{costmodel.human_bytes(n_link)})")
+    for (a, p), c in s["crossover"].items():
+        print(f"  ring overtakes {a:16s} at {p:2d} nodes: {crossover_words(c)}")
 
 
 def draw():
@@ -190,7 +213,9 @@ def draw():
                                     [(r["max"] - r["seconds"]) * 1e3 for r in pts]],
                         fmt="o", ms=4, capsize=2, color=plots.color(a), label=f"{a} (measured)")
             ax.plot(x, [r["model"] * 1e3 for r in pts], "--", lw=1, color=plots.color(a))
-        ax.plot([], [], "k--", lw=1, label="model (dashed)")
+            ax.plot(x, [r["model_link"] * 1e3 for r in pts], ":", lw=1, color=plots.color(a))
+        ax.plot([], [], "k--", lw=1, label="model: link + this machine's CPU")
+        ax.plot([], [], "k:", lw=1, label="model: link alone (what extrapolates)")
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted({p for _, p, _ in ar}))
         ax.set_xticklabels([str(p) for p in sorted({p for _, p, _ in ar})])
@@ -203,11 +228,14 @@ def draw():
             ax.legend(fontsize=6.5)
     for ax in panels[1 + len(sizes):]:
         ax.axis("off")
-    title = (f"All-reduce on 2-16 emulated nodes, {RATE}/s links: measured (points) and the "
-             "alpha-beta model fitted to the ping-pong (dashed)")
+    title = (f"All-reduce on 2-16 emulated nodes, {RATE}/s links: measured (points), the "
+             "alpha-beta model fitted to the ping-pong with this machine's CPU (dashed) and "
+             "without (dotted)")
     return [plots.finish(fig, NAME, title, facts,
                          note="medians of alternated samples, whiskers min-max; gloo's model is "
-                              "the ring's; naive capped at 4 MiB at 8 and 16 nodes")]
+                              "the ring's; naive capped at 4 MiB at 8 and 16 nodes; the "
+                              "extrapolation (lesson 10) uses the link alone: on a cluster "
+                              "every rank has its own cores")]
 
 
 if __name__ == "__main__":

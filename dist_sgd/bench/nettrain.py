@@ -19,13 +19,17 @@ machine's cores, so compute at p nodes is slower than at one: that slowdown is t
 not the network's, and every number below keeps the two apart.
 
 The model (dist_sgd.scale.costmodel, alpha and beta fitted to a ping-pong between the nodes
-of the 2-node cluster, never to the steps) gets the measured compute and predicts:
+of the 2-node cluster, never to the steps) gets the measured compute and predicts, twice:
+with the link alone (`model_link`) and with this machine's CPU share of every message
+(`model`: the CPU seconds a message costs, measured alone in the 2-node cluster by
+dist_sgd.comm.p2p.exchange_cpu, and p ranks taking turns on its cores):
 
     average_gradients   compute + the all-reduce of every parameter, one after another
     DDPs                forward + max(backward, the all-reduce of every bucket)
     PowerSGD            compute with PowerSGD's arithmetic + its three all-reduces
     local SGD           compute + one all-reduce of the weights / 8
 """
+import os
 import sys
 
 import torch
@@ -33,8 +37,8 @@ import torch.distributed as dist
 
 from dist_sgd.bench import nodes
 from dist_sgd.bench.common import measured_as_root
-from dist_sgd.plumbing.figures import (machine_facts, nettrain_efficiency, nettrain_table,
-                                       write_csv)
+from dist_sgd.plumbing.figures import (machine_facts, netscale_cpu, nettrain_efficiency,
+                                       nettrain_table, write_csv)
 from dist_sgd.plumbing.timing import summarize, time_alternating
 from dist_sgd.scale import cluster, costmodel
 
@@ -127,12 +131,14 @@ def _plain_step(wrapped, x, y, F):
 
 
 def _node_work(rank, world_size, quick):
-    from dist_sgd.comm.p2p import ping_pong
+    from dist_sgd.comm.p2p import exchange_cpu, ping_pong
 
     s = settings(quick)
-    out = {"nodes": world_size, "batch": s["batch"]}
+    out = {"nodes": world_size, "batch": s["batch"], "cores": os.cpu_count()}
     if world_size == 2:  # the links are alike at every node count: one fit, from 2 nodes
         out["ping-pong"] = ping_pong(list(costmodel.shaped_link_sizes(quick)), 5)
+        out["cpu"] = exchange_cpu((64, 64 * KiB) + (() if quick else (MiB,)),
+                                  0.2 if quick else 1.0)
     steps, out["buckets"], out["params"], out["shapes"] = _steps(rank, world_size, s["batch"])
     samples = time_alternating(steps, s["repeats"], warmup=3)
     samples[STRATEGIES[-1]] = [t / PERIOD for t in samples[STRATEGIES[-1]]]
@@ -150,6 +156,10 @@ def _rows(out):
         rows.append({"part": "ping-pong", "nodes": p, "name": "one way", "bytes": r["bytes"],
                      "seconds": r["seconds"], "min": r["min"], "max": r["max"], "batch": "",
                      "detail": ""})
+    for r in out.get("cpu", []):  # seconds: CPU seconds per message (every core's busy time)
+        rows.append({"part": "cpu", "nodes": p, "name": "exchange", "bytes": r["bytes"],
+                     "seconds": r["seconds"], "min": "", "max": "", "batch": "", "detail": "",
+                     "cores": out["cores"]})
     for name, samples in out["steps"].items():
         s = summarize(samples)
         part = "alone" if name in ALONE else "step"
@@ -173,12 +183,18 @@ def fit(rows):
     return costmodel.fit_shaped_link([r for r in rows if r["part"] == "ping-pong"])
 
 
+def cpu_of(rows):
+    """(kappa, per_byte, cores) from the CPU rows (None without: the link alone)."""
+    return netscale_cpu(rows)
+
+
 def _messages(row):
     return [int(v) for v in str(row["detail"]).split()] if row["detail"] != "" else []
 
 
-def predict(rows, alpha, beta):
-    """{(name, nodes): predicted seconds per step} from the measured parts alone."""
+def predict(rows, alpha, beta, cpu=None):
+    """{(name, nodes): predicted seconds per step} from the measured parts alone; cpu: None
+    (the link alone) or this machine's share of a message (costmodel.predict_all_reduce)."""
     alone = {(r["name"], r["nodes"]): r["seconds"] for r in rows if r["part"] == "alone"}
     out = {}
     for r in rows:
@@ -187,7 +203,8 @@ def predict(rows, alpha, beta):
         p, name = r["nodes"], r["name"]
 
         def comm(sizes):
-            return sum(costmodel.predict_all_reduce("ring", n, p, alpha, beta) for n in sizes)
+            return sum(costmodel.predict_all_reduce("ring", n, p, alpha, beta, cpu=cpu)
+                       for n in sizes)
         compute, forward = alone["compute", p], alone["forward", p]
         if name == "average_gradients":
             out[name, p] = compute + comm(_messages(r))
@@ -202,9 +219,10 @@ def predict(rows, alpha, beta):
 
 def with_model(rows):
     alpha, beta = fit(rows)
-    pred = predict(rows, alpha, beta)
+    pred, link = predict(rows, alpha, beta, cpu_of(rows)), predict(rows, alpha, beta)
     for r in rows:
         r["model"] = pred.get((r["name"], r["nodes"]), "")
+        r["model_link"] = link.get((r["name"], r["nodes"]), "")
     return rows
 
 
@@ -225,26 +243,32 @@ def report(rows):
     rate = cluster.link_goodput(cluster.parse_rate(RATE))
     print(f"ping-pong: alpha = {alpha * 1e6:.0f} us, 1/beta = {8 / beta / 1e6:.1f} Mbit/s "
           f"(TCP's ceiling on this link: {8 * rate / 1e6:.1f})")
+    cpu = cpu_of(rows)
+    if cpu is not None:
+        print(f"CPU per message (2 nodes swapping): {cpu[0] * 1e6:.0f} us + {cpu[1] * 1e9:.2f} "
+              f"ns per byte; {cpu[2]} cores")
     t, eff = nettrain_table(rows), nettrain_efficiency(rows)
     ps = sorted({p for _, p in t})
     batch = t["compute", 1]["batch"]
-    print(f"BigNet, {batch} samples per node; median ms per step (model), efficiency vs one node")
-    print(f"  {'':32s}" + "".join(f"{f'{p} node(s)':>24s}" for p in ps))
+    print(f"BigNet, {batch} samples per node; median ms per step (model: link + CPU | link "
+          "alone), efficiency vs one node")
+    print(f"  {'':32s}" + "".join(f"{f'{p} node(s)':>30s}" for p in ps))
     for name in ALONE:
-        print(f"  {name + ' (alone)':32s}" + "".join(f"{t[name, p]['seconds'] * 1e3:24.1f}"
+        print(f"  {name + ' (alone)':32s}" + "".join(f"{t[name, p]['seconds'] * 1e3:30.1f}"
                                                     for p in ps))
     print(f"  {'CPU share (compute 1 / compute p)':32s}" + "".join(
-        f"{eff['our DDP', p][1]:24.0%}" for p in ps))
+        f"{eff['our DDP', p][1]:30.0%}" for p in ps))
     for name in STRATEGIES:
         print(f"  {name:32s}" + "".join(
-            f"{t[name, p]['seconds'] * 1e3:9.1f} ({t[name, p]['model'] * 1e3:6.1f}) "
-            f"{eff[name, p][0]:5.0%}" for p in ps))
-    worst = max((abs(t[k]["model"] / t[k]["seconds"] - 1), k) for k in t if t[k]["part"] == "step")
-    print(f"model vs measured step, every strategy at 1-{ps[-1]} nodes: worst {worst[0]:.1%} "
-          f"({worst[1][0]}, {worst[1][1]} nodes)")
-    for name in STRATEGIES:
-        e = max(abs(t[name, p]["model"] / t[name, p]["seconds"] - 1) for p in ps)
-        print(f"  {name:24s} worst {e:5.1%}")
+            f"{t[name, p]['seconds'] * 1e3:9.1f} ({t[name, p]['model'] * 1e3:6.1f} |"
+            f"{t[name, p]['model_link'] * 1e3:6.1f}) {eff[name, p][0]:5.0%}" for p in ps))
+    for m, words in (("model", "link + CPU"), ("model_link", "link alone")):
+        worst = max((abs(t[k][m] / t[k]["seconds"] - 1), k) for k in t if t[k]["part"] == "step")
+        print(f"model ({words}) vs measured step, every strategy at 1-{ps[-1]} nodes: worst "
+              f"{worst[0]:.1%} ({worst[1][0]}, {worst[1][1]} nodes)")
+        for name in STRATEGIES:
+            e = max(abs(t[name, p][m] / t[name, p]["seconds"] - 1) for p in ps)
+            print(f"  {name:24s} worst {e:5.1%}")
 
 
 def draw():
@@ -268,6 +292,8 @@ def draw():
         model = [batch * p / t[name, p]["model"] for p in ps]
         ax_tp.plot(ps, meas, "o-", color=colors[name], label=name)
         ax_tp.plot(ps, model, "--", lw=1, color=colors[name])
+        ax_tp.plot(ps, [batch * p / t[name, p]["model_link"] for p in ps], ":", lw=1,
+                   color=colors[name])
         ax_eff.plot(ps, [eff[name, p][0] for p in ps], "o-", color=colors[name], label=name)
         ax_eff.plot(ps, [t["compute", 1]["seconds"] / t[name, p]["model"] for p in ps], "--",
                     lw=1, color=colors[name])
@@ -275,7 +301,8 @@ def draw():
                label="compute alone (what the 2 cores allow)")
     ax_tp.plot(ps, [batch * p / t["compute", 1]["seconds"] for p in ps], color="gray", lw=3,
                alpha=0.4, label="ideal: p x one node")
-    ax_tp.plot([], [], "k--", lw=1, label="model (dashed), given the compute")
+    ax_tp.plot([], [], "k--", lw=1, label="model given the compute: link + this machine's CPU")
+    ax_tp.plot([], [], "k:", lw=1, label="model given the compute: link alone")
     ax_eff.plot(ps, [eff["our DDP", p][1] for p in ps], "k:",
                 label="CPU share: compute at 1 node / at p")
     for ax in (ax_tp, ax_eff):
@@ -315,7 +342,9 @@ def draw():
     return [plots.finish(fig, NAME, title, facts,
                          note="medians of alternated steps; DDPs with 1 MiB buckets; PowerSGD "
                               f"rank {RANK} with error feedback on one bucket; model: alpha-beta "
-                              "from the ping-pong plus the compute measured at each node count")]
+                              "from the ping-pong plus the compute measured at each node count, "
+                              "with (dashed, diamonds) and without (dotted) the CPU each message "
+                              "costs")]
 
 
 if __name__ == "__main__":

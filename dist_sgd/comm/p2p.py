@@ -4,8 +4,12 @@
 
 Lesson 02 writes send/recv, isend/irecv and a ping-pong by hand; this is the same ping-pong
 made into a measurement (interleaved sizes, medians, a check that the bytes came back
-unchanged), reused by lesson 04 and the benchmark.
+unchanged), reused by lesson 04 and the benchmark. exchange_cpu measures the other cost of a
+message: the CPU it burns (the cost model's share of the machine, dist_sgd.scale.costmodel).
 """
+import os
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -73,4 +77,67 @@ def ping_pong(sizes_bytes, repeats=10, warmup=2, min_sample_seconds=5e-3):
         stats = summarize(one_way)
         rows.append({"bytes": n, "seconds": stats["median"], "min": stats["min"],
                      "max": stats["max"], "bandwidth": n / stats["median"]})
+    return rows
+
+
+def machine_cpu_seconds():
+    """Seconds this machine's cores have been busy since boot, all of them together (user,
+    system, interrupts: every process and the kernel's network work), from /proc/stat; None
+    where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:8]]
+    except (OSError, ValueError):
+        return None
+    busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def exchange_cpu(sizes_bytes, seconds=1.0):
+    """CPU seconds one message costs, for each size: ranks 0 and 1 swap n bytes (both send and
+    receive at once, through the wire the all-reduces use) and add what arrived into their
+    own, a step of the ring or of halving-doubling, for about `seconds` per size. Everything a
+    message costs the machine counts: both processes, gloo's threads, the kernel's TCP, the
+    shaper, waking up: the busy time of every core (machine_cpu_seconds) over the steps, per
+    message (two per step). Only a quiet machine gives the message's own cost. Call it on every
+    rank of a group of two or more (the others wait); returns on every rank one dict per size,
+    {"bytes", "seconds" (CPU seconds per message, less what the idle machine burns in as
+    long), "messages", "busy" (the cores' busy share while swapping)}, or [] where the
+    machine's busy time cannot be read."""
+    from dist_sgd.comm.wire import Link
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if size < 2:
+        raise ValueError(f"exchange_cpu needs a group of at least 2 ranks, this one has {size}")
+    if machine_cpu_seconds() is None:
+        return []
+    rows = []
+    for n in [int(v) for v in sizes_bytes]:
+        mine, theirs = torch.ones(max(n // 4, 1)), torch.empty(max(n // 4, 1))
+
+        def swap(count):
+            for _ in range(count):
+                if rank < 2:
+                    Link("exchange").exchange(mine, 1 - rank, theirs, 1 - rank)
+                    mine.add_(theirs).mul_(0.5)  # stays 1: no overflow however long it runs
+        dist.barrier()
+        start = time.perf_counter()
+        swap(3)
+        count = torch.tensor([max(5, round(seconds / max((time.perf_counter() - start) / 3,
+                                                         1e-6)))])
+        dist.broadcast(count, 0)  # the same number of steps on both ranks
+        # What the machine burns with nobody sending (daemons, the other ranks' threads),
+        # over as long as the steps will take, is taken off the steps' busy time.
+        dist.barrier()
+        idle, wall = machine_cpu_seconds(), time.perf_counter()
+        time.sleep(seconds)
+        idle = (machine_cpu_seconds() - idle) / (time.perf_counter() - wall)
+        dist.barrier()
+        busy, wall = machine_cpu_seconds(), time.perf_counter()
+        swap(int(count))
+        dist.barrier()
+        busy, wall = machine_cpu_seconds() - busy, time.perf_counter() - wall
+        messages = 2 * int(count)
+        rows.append({"bytes": n, "seconds": max(busy - idle * wall, 0.0) / messages,
+                     "messages": messages, "busy": busy / wall / (os.cpu_count() or 1)})
     return rows

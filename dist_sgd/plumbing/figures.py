@@ -46,7 +46,10 @@ def write_csv(name, rows, facts=None):
     path = figure_path(name + ".csv")
     with open(path, "w", newline="") as f:
         f.write(f"# {facts or machine_facts()}\n")
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        # every key of every row, in the order first seen (a part's rows may carry a column
+        # the others leave empty)
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)),
+                                restval="")
         writer.writeheader()
         writer.writerows(rows)
     return path
@@ -81,14 +84,32 @@ def netscale_fit(rows):
                                       if r["part"] == "ping-pong" and r["nodes"] == 2])
 
 
+def netscale_cpu(rows):
+    """(kappa, per_byte, cores): this machine's share of a message, from the "cpu" rows the
+    2-node cluster measured alone (dist_sgd.comm.p2p.exchange_cpu); None if there are none."""
+    cpu = [r for r in rows if r["part"] == "cpu"]
+    if len({r["bytes"] for r in cpu}) < 2:
+        return None
+    return (*costmodel.fit_cpu(cpu), int(cpu[0]["cores"]))
+
+
 def netscale_with_model(rows):
-    """Add the model's prediction to every row of netscale.csv, from netscale_fit(rows)."""
+    """Add both predictions to every row of netscale.csv: `model_link`, the link alone
+    (netscale_fit), and `model`, the link and this machine's CPU (netscale_cpu; the link alone
+    where the CSV has no CPU rows)."""
     alpha, beta = netscale_fit(rows)
+    cpu = netscale_cpu(rows)
     for r in rows:
         algorithm = MODEL_OF.get(r["algorithm"], r["algorithm"])
-        r["model"] = (alpha + beta * r["bytes"] if r["part"] == "ping-pong" else
-                      costmodel.predict_all_reduce(algorithm, r["bytes"], r["nodes"], alpha, beta)
-                      if r["part"] == "all-reduce" else "")
+        if r["part"] == "ping-pong":
+            r["model"] = r["model_link"] = alpha + beta * r["bytes"]
+        elif r["part"] == "all-reduce":
+            r["model_link"] = costmodel.predict_all_reduce(algorithm, r["bytes"], r["nodes"],
+                                                           alpha, beta)
+            r["model"] = costmodel.predict_all_reduce(algorithm, r["bytes"], r["nodes"], alpha,
+                                                      beta, cpu=cpu)
+        else:
+            r["model"] = r["model_link"] = ""
     return rows
 
 
@@ -97,12 +118,31 @@ def netscale_table(rows):
     return {(r["algorithm"], r["nodes"], r["bytes"]): r for r in rows if r["part"] == "all-reduce"}
 
 
+def measured_crossover(small, ring):
+    """Where the ring overtakes `small` (an algorithm that wins on small messages) in measured
+    {bytes: seconds}: (last size `small` wins, first size from which the ring always does);
+    (None, first) if the ring wins everywhere, (last, None) if it never catches up."""
+    sizes = sorted(set(small) & set(ring))
+    wins = [n for n in sizes if small[n] < ring[n]]
+    if not wins:
+        return None, sizes[0] if sizes else None
+    later = [n for n in sizes if n > wins[-1]]
+    return wins[-1], later[0] if later else None
+
+
+CROSSING = ("tree", "halving_doubling")  # the algorithms whose crossover with the ring is shown
+
+
 def netscale_summary(rows):
     """What figures/netscale.png stands for: the lowest bus bandwidth of gloo and our ring as a
-    share of the link's rate, our ring / gloo at worst, the model's worst error per algorithm
-    (error, (algorithm, nodes, bytes)), all at >= 1 MiB; and per node count the sizes at which
-    the tree beat the ring (measured, model)."""
+    share of the link's rate, our ring / gloo at worst, each model's worst error per algorithm
+    ({"model": {algorithm: (error, (algorithm, nodes, bytes))}, "model_link": ...}), all at
+    >= 1 MiB; and per (algorithm in CROSSING, node count) where the ring overtakes it:
+    measured (measured_crossover) and predicted by each model (costmodel.crossover: bytes,
+    None if never)."""
     ar = netscale_table(netscale_with_model(rows))
+    alpha, beta = netscale_fit(rows)
+    cpu = netscale_cpu(rows)
     rate = cluster.parse_rate(cluster.SCALING_RATE) / 8  # bytes/s
     ps = sorted({p for _, p, _ in ar})
     big = [k for k in ar if k[2] >= MiB]
@@ -111,14 +151,33 @@ def netscale_summary(rows):
     ratio = max(ar["ring", p, n]["seconds"] / ar["gloo", p, n]["seconds"]
                 for a, p, n in big if a == "ring" and ("gloo", p, n) in ar)
     algorithms = dict.fromkeys(a for a, _, _ in ar)
-    error = {a: max((abs(ar[k]["model"] / ar[k]["seconds"] - 1), k) for k in big if k[0] == a)
-             for a in algorithms if any(k[0] == a for k in big)}
+    error = {m: {a: max((abs(ar[k][m] / ar[k]["seconds"] - 1), k) for k in big if k[0] == a)
+                 for a in algorithms if any(k[0] == a for k in big)}
+             for m in ("model", "model_link")}
     crossover = {}
-    for p in ps:
-        sizes = sorted(n for a, q, n in ar if a == "tree" and q == p and ("ring", p, n) in ar)
-        crossover[p] = tuple([n for n in sizes if ar["tree", p, n][k] < ar["ring", p, n][k]]
-                             for k in ("seconds", "model"))
-    return {"bus": bus, "ring/gloo": ratio, "error": error, "crossover": crossover}
+    for a in CROSSING:
+        for p in ps:
+            mine = {n: r["seconds"] for (b, q, n), r in ar.items() if b == a and q == p}
+            ring = {n: r["seconds"] for (b, q, n), r in ar.items() if b == "ring" and q == p}
+            if mine and ring:
+                crossover[a, p] = {"measured": measured_crossover(mine, ring),
+                                   "model": costmodel.crossover(a, "ring", p, alpha, beta, cpu),
+                                   "model_link": costmodel.crossover(a, "ring", p, alpha, beta)}
+    return {"bus": bus, "ring/gloo": ratio, "error": error, "crossover": crossover,
+            "cpu": cpu}
+
+
+def crossover_words(c):
+    """One crossover of netscale_summary as words: 'measured 64 KiB-256 KiB; model 120 KiB
+    (link alone 93 KiB)'."""
+    low, high = c["measured"]
+    hb = costmodel.human_bytes
+    measured = ("ring as fast or faster at every size" if low is None else
+                f"not by {hb(low)}, the largest size" if high is None else
+                f"between {hb(low)} and {hb(high)}")
+    model = {m: "never" if c[m] is None else "at every size" if c[m] <= 1 else hb(c[m])
+             for m in ("model", "model_link")}
+    return f"measured {measured}; model {model['model']} (link alone {model['model_link']})"
 
 
 def nettrain_table(rows):

@@ -39,6 +39,18 @@ Coefficients assume full-duplex links (a send and a receive at the same time cos
 message) and that steps of different ranks run concurrently. `fit_alpha_beta` turns measured
 (bytes, seconds) into alpha and beta (`fit_shaped_link`: the same on a tbf-shaped emulated
 link); `predict_all_reduce` turns them into a time.
+
+The machine's share (`cpu=`): on a cluster every rank has its cores and the link is what a
+step waits for. When p ranks share c < p cores (emulated nodes on one machine), a step of the
+algorithm also needs every rank's CPU work for its message: kappa seconds per message (the
+Python step, gloo, the kernel's TCP, the shaper, waking up) plus per_byte seconds per byte,
+and the p ranks take turns, c at a time. So each step on the critical path (`steps`) costs
+
+    max(alpha + m * beta,  max(1, p / c) * (kappa + m * per_byte))      for its m bytes
+
+(the link and the CPU work overlap: whichever is longer). kappa and per_byte are measured on
+their own (`fit_cpu`: the CPU seconds a two-rank exchange burns per message), never fitted to
+an all-reduce; with p <= c, or with no `cpu`, the model is the link alone.
 """
 import math
 
@@ -53,33 +65,53 @@ def _check_world_size(world_size):
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
 
 
-def coefficients(algorithm, world_size):
-    """(a, b, c): the all-reduce costs a*alpha + n*(b*beta + c*gamma) seconds for n bytes."""
+def steps(algorithm, world_size):
+    """The messages on the algorithm's critical path, one after another: ((count, fraction),
+    ...), `count` messages of `fraction` * n bytes each. ring: 2(p-1) of n/p; halving-doubling:
+    two of n/2, two of n/4, ... (and two whole tensors to fold in the extra ranks); tree: 2
+    ceil(log2 p) whole tensors; naive: the root's 2(p-1); parameter server: the server's 2p."""
     _check_world_size(world_size)
     p = int(world_size)
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose from {ALGORITHMS}")
     if p == 1:
-        return 0.0, 0.0, 0.0
+        return ()
     if algorithm == "naive":
-        return 2.0 * (p - 1), 2.0 * (p - 1), float(p - 1)
+        return ((2 * (p - 1), 1.0),)
     if algorithm == "tree":
-        rounds = math.ceil(math.log2(p))
-        return 2.0 * rounds, 2.0 * rounds, float(rounds)
+        return ((2 * math.ceil(math.log2(p)), 1.0),)
     if algorithm in ("ring", "ring_pipelined"):
-        return 2.0 * (p - 1), 2.0 * (p - 1) / p, (p - 1) / p
+        return ((2 * (p - 1), 1.0 / p),)
     if algorithm == "halving_doubling":
         q = 1 << (p.bit_length() - 1)  # largest power of two <= p
-        extra = 1.0 if q != p else 0.0  # fold the extra ranks in, and hand the result back
-        return (2.0 * math.log2(q) + 2 * extra, 2.0 * (q - 1) / q + 2 * extra,
-                (q - 1) / q + extra)
-    return 2.0 * p, 2.0 * p, float(p)  # parameter_server
+        halves = tuple((2, 0.5 ** k) for k in range(1, q.bit_length()))
+        return halves + (((2, 1.0),) if q != p else ())  # fold in, hand the result back
+    return ((2 * p, 1.0),)  # parameter_server
 
 
-def predict_all_reduce(algorithm, nbytes, world_size, alpha, beta, gamma=0.0):
+def coefficients(algorithm, world_size):
+    """(a, b, c): the all-reduce costs a*alpha + n*(b*beta + c*gamma) seconds for n bytes.
+    a and b add up `steps`; c, the bytes added, is half of b for each of them: half of the
+    messages on the path carry partial sums to add, the other half the finished result."""
+    path = steps(algorithm, world_size)
+    a = float(sum(count for count, _ in path))
+    b = float(sum(count * fraction for count, fraction in path))
+    return a, b, b / 2
+
+
+def turns(world_size, cores):
+    """How many ranks take turns on each core: p / c when p ranks share c < p cores, else 1."""
+    _check_world_size(world_size)
+    if isinstance(cores, bool) or not isinstance(cores, (int, np.integer)) or cores < 1:
+        raise ValueError(f"cores must be a positive integer, got {cores!r}")
+    return max(1.0, world_size / cores)
+
+
+def predict_all_reduce(algorithm, nbytes, world_size, alpha, beta, gamma=0.0, cpu=None):
     """Predicted seconds for one all-reduce of `nbytes` bytes over `world_size` ranks.
 
-    `nbytes` may be a number or an array (numpy broadcasting applies).
+    `nbytes` may be a number or an array (numpy broadcasting applies). cpu: None (the link
+    alone) or (kappa, per_byte, cores), this machine's share (the module's docstring; fit_cpu).
     """
     a, b, c = coefficients(algorithm, world_size)
     for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
@@ -88,7 +120,17 @@ def predict_all_reduce(algorithm, nbytes, world_size, alpha, beta, gamma=0.0):
     n = np.asarray(nbytes, dtype=np.float64)
     if np.any(n < 0):
         raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
-    t = a * alpha + n * (b * beta + c * gamma)
+    if cpu is None:
+        t = a * alpha + n * (b * beta + c * gamma)
+    else:
+        kappa, per_byte, cores = cpu
+        if not all(np.isfinite(v) and v >= 0 for v in (kappa, per_byte)):
+            raise ValueError(f"kappa and per_byte must be finite numbers >= 0, got {cpu!r}")
+        share = turns(world_size, cores)
+        t = n * c * gamma + sum(count * np.maximum(alpha + m * beta, share * (kappa + m * per_byte))
+                                for count, m in ((k, f * n) for k, f in steps(algorithm,
+                                                                             world_size)))
+        t = np.asarray(t, dtype=np.float64)
     return float(t) if t.ndim == 0 else t
 
 
@@ -158,6 +200,33 @@ def fit_all_reduce(algorithms, nbytes, world_sizes, seconds, gamma=0.0):
         raise ValueError("gamma alone explains more than the measured time: is gamma too big?")
     alpha, beta = _weighted_fit([coef[:, 0], n * coef[:, 1]], target)
     return float(alpha), float(beta)
+
+
+def fit_cpu(rows):
+    """(kappa, per_byte) from CPU seconds per message measured at two or more sizes (dicts
+    with "bytes" and "seconds", as dist_sgd.comm.p2p.exchange_cpu returns them): the line
+    through them, both kept >= 0."""
+    if len({r["bytes"] for r in rows}) < 2:
+        raise ValueError("the CPU fit needs CPU seconds per message at two or more sizes")
+    n = np.array([r["bytes"] for r in rows], dtype=np.float64)
+    t = np.array([r["seconds"] for r in rows], dtype=np.float64)
+    if not (np.all(np.isfinite(t)) and np.all(t >= 0)):
+        raise ValueError("CPU seconds must be finite numbers >= 0")
+    per_byte, kappa = np.polyfit(n, t, 1)
+    if per_byte < 0:  # the sizes cannot resolve it: the mean as a cost per message
+        return float(t.mean()), 0.0
+    return max(float(kappa), 0.0), float(per_byte)
+
+
+def crossover(first, second, world_size, alpha, beta, cpu=None, low=1.0, high=2.0 ** 34):
+    """The message size (bytes) where `second` stops being slower than `first` (second is the
+    one that wins on big messages): the smallest n in [low, high] with second(n) <= first(n),
+    found on a fine geometric grid; None if never, `low` if at every size."""
+    grid = np.geomspace(low, high, 800)
+    t1 = predict_all_reduce(first, grid, world_size, alpha, beta, cpu=cpu)
+    t2 = predict_all_reduce(second, grid, world_size, alpha, beta, cpu=cpu)
+    wins = np.flatnonzero(t2 <= t1 * (1 + 1e-12))
+    return None if wins.size == 0 else float(grid[wins[0]])
 
 
 def shaped_link_sizes(quick=False):
