@@ -15,6 +15,10 @@ parameter server, on two kinds of setting:
       Sergeev & Del Balso 2018 (Horovod): ResNet-101, 44.5 M params = 178 MB, 64 images per
         Pascal GPU at ~0.5 s per step (assumed), 25 Gbit/s RoCE: ~88% at 128 GPUs.
 
+Every prediction is the link alone: there every worker has cores of its own. The CPU share
+that the emulated nodes need (costmodel's cpu=: p ranks taking turns on one machine's c cores,
+netscale and nettrain) belongs to the machine they were measured on, not to a cluster.
+
 "no overlap": communication starts after backward (average_gradients). "perfect overlap":
 it all hides behind backward (what DDP buckets aim at) - real systems sit in between.
 A ring over GPUs numbered node by node crosses each node's network card once per step, so

@@ -280,7 +280,6 @@ def draw():
         return []
     from dist_sgd.bench import plots  # matplotlib: only where we draw
 
-    report(rows)
     mem = _memory(rows)
     sizes = sorted({p for _, p in mem})
     batches = sorted({r["batch"] for r in rows if r["part"] == "link"})
