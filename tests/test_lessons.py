@@ -78,6 +78,11 @@ BOUNDS = {
 # Lessons also run at an odd world size: chunks and shards that do not split evenly.
 ODD_WORLD_SIZE = ("07", "16")  # the DDP core, FSDP (the library pieces of 03, 04, 06 and 13
 # are tested at world size 3 in their own test files; lesson 04's ring splits unevenly at 2)
+# A lesson whose --world-size takes several sizes runs the odd one in the same run (one
+# interpreter and one fork server to start, not two); it prints a section per size, headed
+# SECTION, and each section must keep every promise on its own.
+SEVERAL_SIZES = {"16": ("2", "3")}
+SECTION = re.compile(r"^=== world size (\d+)\b", re.MULTILINE)
 
 
 def start_lesson(name, *args):
@@ -162,14 +167,29 @@ def test_every_lesson_is_found():
     assert numbers[:1] == ["00"], LESSONS
 
 
+def sections(output):
+    """{world size: its part of the output}, for a lesson that prints one section per size."""
+    heads = list(SECTION.finditer(output))
+    return {m.group(1): output[m.start():nxt.start() if nxt else len(output)]
+            for m, nxt in zip(heads, heads[1:] + [None])}
+
+
 @pytest.mark.parametrize("name", LESSONS)
 def test_lesson_runs_and_keeps_its_promises(name):
     started = _background.pop(name, None)
-    output = finish_lesson(started, 400) if started else run_lesson(name, "--world-size", "2")
-    assert_promises(name, output)
+    sizes = SEVERAL_SIZES.get(name[:2], ("2",))
+    output = finish_lesson(started, 400) if started else run_lesson(name, "--world-size", *sizes)
+    if len(sizes) == 1:
+        assert_promises(name, output)
+        return
+    parts = sections(output)
+    assert sorted(parts) == sorted(sizes), f"{name}: sections {sorted(parts)}:\n{output[-3000:]}"
+    for size in sizes:
+        assert_promises(name, parts[size])
 
 
-@pytest.mark.parametrize("name", [n for n in LESSONS if n[:2] in ODD_WORLD_SIZE])
+@pytest.mark.parametrize("name", [n for n in LESSONS if n[:2] in ODD_WORLD_SIZE
+                                  and n[:2] not in SEVERAL_SIZES])
 def test_lesson_runs_at_an_odd_world_size(name):
     assert_promises(name, run_lesson(name, "--world-size", "3"))
 
