@@ -185,9 +185,11 @@ def test_start_check_fails_then_passes_once_written_and_start_never_overwrites(
     assert open(os.path.join(folder, ".gitignore")).read().strip().endswith("*")
     # The unsolved check runs the command's main() here (its spawns start in milliseconds
     # from this process's fork server); the solved one below goes through `python3 -m`.
-    # check sets the switch's variables in its own process: here they are put back after.
+    # check sets the switch's variables in its own process: here they are put back after
+    # (setenv first: delenv of an unset variable would record nothing to put back).
     for name in (MINE, ONLY, QUIET):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     assert course_main(["check", "04", "--dir", folder]) == 1
     unsolved = capsys.readouterr().out
     assert "NotImplementedError" in unsolved and "rank 0" in unsolved, unsolved
@@ -219,3 +221,4 @@ def test_the_switch_runs_a_lesson_on_the_learners_code(tmp_path):
     assert len(using) >= 2, run.stderr[-2000:]  # the parent and every spawned rank, once each
     assert len(using) == len(set(using)), "a process said it more than once"
     assert "max difference" in run.stdout
+
