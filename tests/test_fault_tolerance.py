@@ -38,7 +38,7 @@ def sum_steps(rank, world_size, steps, fail_on_rank=None):
 def test_peer_recovery_replaces_a_dead_rank_and_all_ranks_end_equal(world_size, victim):
     steps = 120
     results, events = run_with_peer_recovery(sum_steps, world_size, args=(steps,),
-                                             kill=(victim, 40), timeout=120)
+                                             kill=(victim, 40), timeout=120, op_timeout=10)
     assert [total for total, _ in results] == [steps * (steps + 1) / 2] * world_size
     kinds = [what for what, _, _ in events]
     assert kinds.count("killed") == 1 and kinds.count("replaced") == 1

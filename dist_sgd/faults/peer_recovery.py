@@ -105,7 +105,7 @@ def current_group():
     return _GROUP
 
 
-def _child(fn, rank, world_size, port, generation, args, env, conn):
+def _child(fn, rank, world_size, port, generation, args, env, conn, op_timeout):
     global _GROUP
     os.environ.clear()
     os.environ.update(env)
@@ -113,7 +113,7 @@ def _child(fn, rank, world_size, port, generation, args, env, conn):
     try:
         store = dist.TCPStore("127.0.0.1", port, is_master=False,
                               timeout=datetime.timedelta(seconds=60))
-        _GROUP = group = PeerGroup(store, rank, world_size, generation)
+        _GROUP = group = PeerGroup(store, rank, world_size, generation, timeout=op_timeout)
         group.join()
         result = fn(rank, world_size, *args)
         dist.barrier()  # nobody leaves while a peer still needs the group
@@ -124,12 +124,16 @@ def _child(fn, rank, world_size, port, generation, args, env, conn):
         os._exit(1)
 
 
-def run_with_peer_recovery(fn, world_size, args=(), kill=None, max_replacements=3, timeout=120):
+def run_with_peer_recovery(fn, world_size, args=(), kill=None, max_replacements=3, timeout=120,
+                           op_timeout=30.0):
     """Run fn(rank, world_size, *args) on world_size ranks (current_group() is the rank's
     PeerGroup there); replace a rank that dies, up to
     max_replacements times. kill=(rank, step) kills that rank (SIGKILL) once rank 0 reported
-    that step: the failure the lesson and the tests inject. Returns (results by rank, events):
-    events holds the times of each kill, replacement and resume, for measuring recovery."""
+    that step: the failure the lesson and the tests inject. op_timeout: seconds a rank's
+    collective may wait for a peer that went silent (a dead peer's closed connections usually
+    fail it at once; this bounds the rare wait when they do not). Returns (results by rank,
+    events): events holds the times of each kill, replacement and resume, for measuring
+    recovery."""
     ctx, port = _context(), free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout))
@@ -139,7 +143,8 @@ def run_with_peer_recovery(fn, world_size, args=(), kill=None, max_replacements=
     def start(rank):
         recv_end, send_end = ctx.Pipe(duplex=False)
         p = ctx.Process(target=_child, name=f"rank{rank}", args=(
-            fn, rank, world_size, port, generation, args, dict(env, RANK=str(rank)), send_end))
+            fn, rank, world_size, port, generation, args, dict(env, RANK=str(rank)), send_end,
+            op_timeout))
         p.start()
         send_end.close()
         procs[rank], conns[rank] = p, recv_end
