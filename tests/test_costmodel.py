@@ -201,6 +201,20 @@ def test_shaped_link_fit_keeps_alpha_from_the_small_messages_alone():
     assert a == pytest.approx(200e-6, rel=1e-6)  # the median of 200, 250 and 180 us
 
 
+def test_fit_link_falls_back_to_the_line_through_every_size_where_big_messages_show_no_slope():
+    link = [{"bytes": n, "seconds": 2e-4 + 8e-8 * n} for n in shaped_link_sizes()]
+    assert costmodel.fit_link(link) == pytest.approx(fit_shaped_link(link))
+    # loopback on a busy machine: 16 MiB measured faster than 4 MiB
+    loop = [{"bytes": n, "seconds": t} for n, t in
+            ((64, 2e-5), (1024, 2.2e-5), (4 * 2 ** 20, 2.1e-3), (16 * 2 ** 20, 2.0e-3))]
+    with pytest.raises(ValueError, match="not a link"):
+        fit_shaped_link(loop)
+    alpha, beta = costmodel.fit_link(loop)
+    assert (alpha, beta) == fit_alpha_beta([r["bytes"] for r in loop],
+                                           [r["seconds"] for r in loop])
+    assert alpha >= 0 and beta >= 0
+
+
 def test_fit_all_reduce_recovers_one_network_from_every_algorithm():
     alpha, beta, gamma = 20e-6, 1 / 3e9, 1 / 10e9
     rows = [(a, n, p) for a in ("naive", "tree", "ring", "halving_doubling")

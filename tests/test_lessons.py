@@ -196,10 +196,7 @@ def run_lesson(name, *args, timeout=240):
 
 # Lessons that mostly wait (emulated links, torchrun restarts, paced steps, timeouts) start in
 # the background with this module and run beside the others; their own test collects them.
-# ALONE_FIRST: lesson 10 fits a line to loopback timings that other lessons' work beside it
-# can bend (into a negative slope): it runs first, alone, and the others start after it.
 BACKGROUND = ("10", "11", "14", "17")
-ALONE_FIRST = ("10",)
 _background = {}
 
 
@@ -217,11 +214,9 @@ def sigint_as_in_a_terminal():
 def background_lessons(request, sigint_as_in_a_terminal):
     chosen = {item.callspec.params["name"] for item in request.session.items
               if getattr(item, "originalname", "") == "test_lesson_runs_and_keeps_its_promises"}
-    for name in sorted(chosen, key=lambda n: n[:2] not in ALONE_FIRST):
+    for name in sorted(chosen):
         if name[:2] in BACKGROUND:
             _background[name] = start_lesson(name, "--world-size", "2")
-            if name[:2] in ALONE_FIRST:
-                _background[name][2].wait(timeout=400)
     yield
     for _, _, proc in _background.values():
         if proc.poll() is None:

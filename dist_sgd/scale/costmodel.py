@@ -260,6 +260,16 @@ def fit_shaped_link(rows):
     return max(alpha, 0.0), beta
 
 
+def fit_link(rows):
+    """fit_shaped_link's (alpha, beta) where the messages of >= 2 MiB show a bandwidth; else
+    (loopback, where a few MiB cost about what the noise does, and the big messages' slope
+    may come out negative on a busy machine) fit_alpha_beta's line through every size."""
+    try:
+        return fit_shaped_link(rows)
+    except ValueError:
+        return fit_alpha_beta([r["bytes"] for r in rows], [r["seconds"] for r in rows])
+
+
 def bandwidth(beta):
     """Bytes per second of a link costing `beta` seconds per byte (inf when beta is 0: a fit
     that could not resolve the bandwidth from noisy times keeps beta >= 0, so it can be 0)."""
