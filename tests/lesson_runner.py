@@ -8,6 +8,11 @@ environment as the interpreter would set them), and that child forks its fork se
 itself, as multiprocessing would start one, but with the modules already imported. Nothing
 here has run torch code before a fork, which is what makes forking safe (as in the fork server).
 
+Starting the fork server this way sets three private attributes of CPython 3.11's
+multiprocessing.forkserver (what ForkServer.ensure_running sets): pinned Python, but a newer
+one may name them differently, and the lessons would then start fork servers of their own
+(as slow as before, still correct).
+
 Protocol, one JSON line each way: {"argv": [...], "env": {...}, "out": PATH} -> {"pid": N};
 each lesson that ends -> {"ended": N, "code": exit code (negative: killed by that signal)}.
 """
