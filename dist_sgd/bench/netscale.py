@@ -228,9 +228,8 @@ def draw():
             ax.legend(fontsize=6.5)
     for ax in panels[1 + len(sizes):]:
         ax.axis("off")
-    title = (f"All-reduce on 2-16 emulated nodes, {RATE}/s links: measured (points), the "
-             "alpha-beta model fitted to the ping-pong with this machine's CPU (dashed) and "
-             "without (dotted)")
+    title = (f"All-reduce on 2-16 emulated nodes, {RATE}/s links: measured (points), model "
+             "with this machine's CPU (dashed), link alone (dotted)")
     return [plots.finish(fig, NAME, title, facts,
                          note="medians of alternated samples, whiskers min-max; gloo's model is "
                               "the ring's; naive capped at 4 MiB at 8 and 16 nodes; the "
