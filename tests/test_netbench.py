@@ -12,7 +12,7 @@ import os
 import pytest
 
 from dist_sgd.bench import netaccuracy, netscale, nettrain, nodes
-from dist_sgd.plumbing.figures import (MODEL_OF, NETACCURACY_TARGET, crossover_words,
+from dist_sgd.plumbing.figures import (MODEL_OF, NETACCURACY_TARGET, cpu_share, crossover_words,
                                        netaccuracy_summary, netscale_summary, netscale_with_model,
                                        nettrain_efficiency, read_csv, write_csv)
 from dist_sgd.plumbing.launch import launch
@@ -199,7 +199,7 @@ def test_nettrain_model_with_the_cpu_share_charges_each_message_its_turns():
     rows = _nettrain_rows() + [
         {"part": "cpu", "nodes": 2, "name": "exchange", "bytes": n, "seconds": CPU[0] + CPU[1] * n,
          "min": "", "max": "", "batch": "", "detail": "", "cores": CPU[2]} for n in (64, MiB)]
-    assert nettrain.cpu_of(rows) == pytest.approx(CPU)
+    assert cpu_share(rows) == pytest.approx(CPU)
     pred, link = nettrain.predict(rows, ALPHA, BETA, CPU), nettrain.predict(rows, ALPHA, BETA)
 
     def ring(n, p):  # 2(p-1) steps, each the slower of its link time and p/2 turns of its CPU

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from dist_sgd.bench import nodes
 from dist_sgd.bench.common import measured_as_root
-from dist_sgd.plumbing.figures import (machine_facts, netscale_cpu, nettrain_efficiency,
+from dist_sgd.plumbing.figures import (cpu_share, machine_facts, nettrain_efficiency,
                                        nettrain_table, write_csv)
 from dist_sgd.plumbing.timing import summarize, time_alternating
 from dist_sgd.scale import cluster, costmodel
@@ -183,11 +183,6 @@ def fit(rows):
     return costmodel.fit_shaped_link([r for r in rows if r["part"] == "ping-pong"])
 
 
-def cpu_of(rows):
-    """(kappa, per_byte, cores) from the CPU rows (None without: the link alone)."""
-    return netscale_cpu(rows)
-
-
 def _messages(row):
     return [int(v) for v in str(row["detail"]).split()] if row["detail"] != "" else []
 
@@ -219,7 +214,7 @@ def predict(rows, alpha, beta, cpu=None):
 
 def with_model(rows):
     alpha, beta = fit(rows)
-    pred, link = predict(rows, alpha, beta, cpu_of(rows)), predict(rows, alpha, beta)
+    pred, link = predict(rows, alpha, beta, cpu_share(rows)), predict(rows, alpha, beta)
     for r in rows:
         r["model"] = pred.get((r["name"], r["nodes"]), "")
         r["model_link"] = link.get((r["name"], r["nodes"]), "")
@@ -243,7 +238,7 @@ def report(rows):
     rate = cluster.link_goodput(cluster.parse_rate(RATE))
     print(f"ping-pong: alpha = {alpha * 1e6:.0f} us, 1/beta = {8 / beta / 1e6:.1f} Mbit/s "
           f"(TCP's ceiling on this link: {8 * rate / 1e6:.1f})")
-    cpu = cpu_of(rows)
+    cpu = cpu_share(rows)
     if cpu is not None:
         print(f"CPU per message (2 nodes swapping): {cpu[0] * 1e6:.0f} us + {cpu[1] * 1e9:.2f} "
               f"ns per byte; {cpu[2]} cores")

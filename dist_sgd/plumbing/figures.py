@@ -84,9 +84,10 @@ def netscale_fit(rows):
                                       if r["part"] == "ping-pong" and r["nodes"] == 2])
 
 
-def netscale_cpu(rows):
-    """(kappa, per_byte, cores): this machine's share of a message, from the "cpu" rows the
-    2-node cluster measured alone (dist_sgd.comm.p2p.exchange_cpu); None if there are none."""
+def cpu_share(rows):
+    """(kappa, per_byte, cores): this machine's share of a message, from a network CSV's "cpu"
+    rows (netscale's or nettrain's 2-node cluster, dist_sgd.comm.p2p.exchange_cpu, measured
+    alone); None if there are none."""
     cpu = [r for r in rows if r["part"] == "cpu"]
     if len({r["bytes"] for r in cpu}) < 2:
         return None
@@ -95,10 +96,10 @@ def netscale_cpu(rows):
 
 def netscale_with_model(rows):
     """Add both predictions to every row of netscale.csv: `model_link`, the link alone
-    (netscale_fit), and `model`, the link and this machine's CPU (netscale_cpu; the link alone
+    (netscale_fit), and `model`, the link and this machine's CPU (cpu_share; the link alone
     where the CSV has no CPU rows)."""
     alpha, beta = netscale_fit(rows)
-    cpu = netscale_cpu(rows)
+    cpu = cpu_share(rows)
     for r in rows:
         algorithm = MODEL_OF.get(r["algorithm"], r["algorithm"])
         if r["part"] == "ping-pong":
@@ -142,7 +143,7 @@ def netscale_summary(rows):
     None if never)."""
     ar = netscale_table(netscale_with_model(rows))
     alpha, beta = netscale_fit(rows)
-    cpu = netscale_cpu(rows)
+    cpu = cpu_share(rows)
     rate = cluster.parse_rate(cluster.SCALING_RATE) / 8  # bytes/s
     ps = sorted({p for _, p, _ in ar})
     big = [k for k in ar if k[2] >= MiB]
