@@ -159,7 +159,7 @@ def _nettrain_rows():
              "seconds": ALPHA + BETA * n, "min": 0, "max": 0, "batch": "", "detail": ""}
             for n in costmodel.shaped_link_sizes()]
     grads, buckets = [4000, 400_000, 4_400_000, 5120], [1_100_000, 3_709_120]
-    psgd = [360, 80_000, 70_000]
+    psgd = [360, 80_000, 70_000, 40, 900, 3000]  # two buckets: plain tensors, P's, Q's each
     for p in (1, 2, 4, 8):
         parts = {"compute": 0.040 * (1 + p / 4), "forward": 0.010 * (1 + p / 4),
                  "compute + PowerSGD arithmetic": 0.050 * (1 + p / 4)}
@@ -188,8 +188,10 @@ def test_nettrain_model_from_the_parts_measured_alone():
         comm = ring(1_100_000, p) + ring(3_709_120, p)
         assert pred["our DDP", p] == pytest.approx(f + max(c - f, comm))  # overlap: backward
         assert pred["torch DDP", p] == pred["our DDP", p]
+        # per bucket, in order: the plain tensors and the P's at once, then the Q's
         assert pred["our DDP + PowerSGD", p] == pytest.approx(
-            cp + ring(360, p) + ring(80_000, p) + ring(70_000, p))
+            cp + max(ring(360, p), ring(80_000, p)) + ring(70_000, p)
+            + max(ring(40, p), ring(900, p)) + ring(3000, p))
         assert pred[nettrain.STRATEGIES[-1], p] == pytest.approx(c + ring(sum(grads), p) / 8)
     assert pred["our DDP", 1] == pytest.approx(0.040 * 1.25)  # one node: only compute
     assert pred["our DDP", 8] > 0.010 * 3 + 0.030 * 3  # communication longer than backward
@@ -206,13 +208,35 @@ def test_nettrain_model_with_the_cpu_share_charges_each_message_its_turns():
         return 2 * (p - 1) * max(ALPHA + n / p * BETA, max(1, p / 2) * (CPU[0] + n / p * CPU[1]))
     cp = 0.050 * 3
     assert pred["our DDP + PowerSGD", 8] == pytest.approx(
-        cp + ring(360, 8) + ring(80_000, 8) + ring(70_000, 8))
+        cp + max(ring(360, 8), ring(80_000, 8)) + ring(70_000, 8)
+        + max(ring(40, 8), ring(900, 8)) + ring(3000, 8))
     assert pred["our DDP + PowerSGD", 8] > link["our DDP + PowerSGD", 8]
     assert pred["our DDP", 1] == link["our DDP", 1]  # one node: nothing sent
     rows = nettrain.with_model(rows)
     assert all(r["model_link"] == pytest.approx(link[r["name"], r["nodes"]]) and
                r["model"] == pytest.approx(pred[r["name"], r["nodes"]])
                for r in rows if r["part"] == "step")
+
+
+def _sent_after_steps(rank, world_size):
+    steps, params = nettrain._steps(rank, world_size, 2)
+    before = nettrain._sent(steps)
+    for name in ("our DDP", "torch DDP", "our DDP + PowerSGD"):
+        for _ in range(3):  # the rebuild after the first backward; PowerSGD from the third
+            steps[name]()
+    return before, nettrain._sent(steps), params
+
+
+def test_nettrain_records_the_buckets_each_ddp_rebuilt():
+    before, after, params = launch(_sent_after_steps, 1, backend="gloo")[0]
+    assert before["our DDP"] == [sum(params)]  # the first backward's one bucket
+    # BigNet's parameters are conv1, conv2, fc1, fc2 (weight, bias): after the rebuild fc2 and
+    # fc1 fill the first 1 MiB bucket, the convolutions the second; torch's log says the same
+    fc, conv = sum(params[4:]), sum(params[:4])
+    assert after["our DDP"] == after["torch DDP"] == [fc, conv]
+    sent = after["our DDP + PowerSGD"]
+    assert len(sent) == 6 and sent[0] == 4 * (128 + 10) and sent[3] == 4 * (64 + 32)  # biases
+    assert 0 < sum(sent) < sum(params) / 50  # P's and Q's: rank 2 of every matrix
 
 
 def test_nettrain_efficiency_separates_the_cpu_from_the_link():

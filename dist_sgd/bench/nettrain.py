@@ -8,7 +8,7 @@ step: forward, loss, backward, its gradient sync, SGD update:
 
     average_gradients      lesson 06: one all-reduce per parameter, after backward
     our DDP, torch DDP     1 MiB buckets, all-reduced while backward runs
-    our DDP + PowerSGD     our powerSGD_hook, rank 2, error feedback, on one bucket
+    our DDP + PowerSGD     our powerSGD_hook, rank 2, error feedback, on torch's default buckets
     local SGD (H = 8)      8 steps without communication, then one average of the weights
                            (one sample times all 8 steps; a step is an eighth)
 
@@ -26,8 +26,13 @@ dist_sgd.comm.p2p.exchange_cpu, and p ranks taking turns on its cores):
 
     average_gradients   compute + the all-reduce of every parameter, one after another
     DDPs                forward + max(backward, the all-reduce of every bucket)
-    PowerSGD            compute with PowerSGD's arithmetic + its three all-reduces
+    PowerSGD            compute with PowerSGD's arithmetic + for each bucket, one after the
+                        other: max(its plain tensors, its P's) + its Q's (the hook starts the
+                        first two together; gloo runs them on two threads)
     local SGD           compute + one all-reduce of the weights / 8
+
+Every bucket is read after the timed steps: the layout a DDP rebuilds after its first backward
+(BigNet: fc2 and fc1 together, then the convolutions), not the single bucket it starts with.
 """
 import os
 import sys
@@ -82,8 +87,8 @@ def _steps(rank, world_size, batch):
     def powersgd(group):
         return compress.PowerSGDState(group, matrix_approximation_rank=RANK, start_powerSGD_iter=2)
 
-    # Our DDP + our PowerSGD on one bucket (what runs today: several buckets are the "ddp"
-    # helper's work). start_powerSGD_iter=2: the warm-up steps get past it.
+    # Our DDP + our PowerSGD on torch's default buckets (25 MiB, the first 1 MiB: after the
+    # rebuild fc2 + fc1, then the convolutions). start_powerSGD_iter=2: the warm-up gets past it.
     wrapped = DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=None)
     wrapped.register_comm_hook(powersgd(None), compress.powerSGD_hook)
     steps["our DDP + PowerSGD"] = _plain_step(wrapped, x, y, F)
@@ -94,12 +99,15 @@ def _steps(rank, world_size, batch):
     state = powersgd(groups[rank])
     opt = torch.optim.SGD(alone.parameters(), lr=0.01)
 
-    def compute_and_compress():
+    where = {id(p): i for i, p in enumerate(wrapped.module.parameters())}
+
+    def compute_and_compress():  # on the buckets the wrapped model has at the time (rebuilt)
         opt.zero_grad()
         F.nll_loss(alone(x), y).backward()
-        params = [p for p in alone.parameters()]
-        bucket = GradBucket.of([p.grad for p in params])
-        compress.powerSGD_hook(state, bucket).wait()
+        params = list(alone.parameters())
+        for b in wrapped.buckets:
+            bucket = GradBucket.of([params[where[id(p)]].grad for p in b.params], b.index)
+            compress.powerSGD_hook(state, bucket).wait()
         opt.step()
     steps["compute + PowerSGD arithmetic"] = compute_and_compress
 
@@ -114,9 +122,23 @@ def _steps(rank, world_size, batch):
             local_opt.step()
             local.step()
     steps[STRATEGIES[-1]] = local_sgd
-    buckets = [b.flat.numel() * 4 for b in steps["our DDP"].wrapped.buckets]
-    return steps, buckets, [p.numel() * 4 for p in model.parameters()], \
-        [tuple(p.shape) for p in model.parameters()]
+    return steps, [p.numel() * 4 for p in model.parameters()]
+
+
+def _sent(steps):
+    """{strategy: the bytes of each all-reduce its step makes}, read after the timed steps,
+    when every DDP has rebuilt its buckets: ours from its buckets, torch's from its own log,
+    PowerSGD's three per bucket (plain tensors, P's, Q's: compress.values_sent)."""
+    from dist_sgd.ddp.compress import values_sent
+
+    logged = steps["torch DDP"].wrapped._get_ddp_logging_data()
+    torchs = logged.get("rebuilt_bucket_sizes") or logged["bucket_sizes"]
+    return {"our DDP": [b.flat.numel() * 4 for b in steps["our DDP"].wrapped.buckets],
+            "torch DDP": [int(v) for v in str(torchs).replace(",", " ").split()],
+            "our DDP + PowerSGD": [
+                values * width for b in steps["our DDP + PowerSGD"].wrapped.buckets
+                for values, width in values_sent([tuple(p.shape) for p in b.params],
+                                                 "powerSGD", RANK)]}
 
 
 def _plain_step(wrapped, x, y, F):
@@ -127,6 +149,7 @@ def _plain_step(wrapped, x, y, F):
         F.nll_loss(wrapped(x), y).backward()
         wrapped.finish_gradient_synchronization()
         opt.step()
+    step.wrapped = wrapped
     return step
 
 
@@ -139,8 +162,9 @@ def _node_work(rank, world_size, quick):
         out["ping-pong"] = ping_pong(list(costmodel.shaped_link_sizes(quick)), 5)
         out["cpu"] = exchange_cpu((64, 64 * KiB) + (() if quick else (MiB,)),
                                   0.2 if quick else 1.0)
-    steps, out["buckets"], out["params"], out["shapes"] = _steps(rank, world_size, s["batch"])
+    steps, out["params"] = _steps(rank, world_size, s["batch"])
     samples = time_alternating(steps, s["repeats"], warmup=3)
+    out["sent"] = _sent(steps)
     samples[STRATEGIES[-1]] = [t / PERIOD for t in samples[STRATEGIES[-1]]]
     out["steps"] = samples
     if rank == 0:
@@ -163,20 +187,12 @@ def _rows(out):
     for name, samples in out["steps"].items():
         s = summarize(samples)
         part = "alone" if name in ALONE else "step"
-        detail = {"our DDP": out["buckets"], "torch DDP": out["buckets"],
-                  "average_gradients": out["params"], STRATEGIES[-1]: [sum(out["params"])],
-                  "our DDP + PowerSGD": [v * w for v, w in
-                                         _values(out["shapes"])]}.get(name, "")
+        detail = {"average_gradients": out["params"], STRATEGIES[-1]: [sum(out["params"])],
+                  **out["sent"]}.get(name, "")
         rows.append({"part": part, "nodes": p, "name": name, "bytes": sum(detail) if detail else "",
                      "seconds": s["median"], "min": s["min"], "max": s["max"],
                      "batch": out["batch"], "detail": " ".join(map(str, detail))})
     return rows
-
-
-def _values(shapes):
-    from dist_sgd.ddp.compress import values_sent
-
-    return values_sent(shapes, "powerSGD", RANK)
 
 
 def fit(rows):
@@ -205,8 +221,11 @@ def predict(rows, alpha, beta, cpu=None):
             out[name, p] = compute + comm(_messages(r))
         elif name in ("our DDP", "torch DDP"):
             out[name, p] = forward + max(compute - forward, comm(_messages(r)))
-        elif name == "our DDP + PowerSGD":
-            out[name, p] = alone["compute + PowerSGD arithmetic", p] + comm(_messages(r))
+        elif name == "our DDP + PowerSGD":  # three per bucket: plain tensors, P's, Q's
+            sent = _messages(r)
+            out[name, p] = alone["compute + PowerSGD arithmetic", p] + sum(
+                max(comm([plain]), comm([ps])) + comm([qs])
+                for plain, ps, qs in zip(sent[0::3], sent[1::3], sent[2::3]))
         else:  # local SGD: one average of the weights per PERIOD steps
             out[name, p] = compute + comm(_messages(r)) / PERIOD
     return out
@@ -336,10 +355,10 @@ def draw():
     title = f"Weak scaling of BigNet on 1-{ps[-1]} emulated nodes, {RATE}/s links"
     return [plots.finish(fig, NAME, title, facts,
                          note="medians of alternated steps; DDPs with 1 MiB buckets; PowerSGD "
-                              f"rank {RANK} with error feedback on one bucket; model: alpha-beta "
-                              "from the ping-pong plus the compute measured at each node count, "
-                              "with (dashed, diamonds) and without (dotted) the CPU each message "
-                              "costs")]
+                              f"rank {RANK} with error feedback on torch's default buckets; "
+                              "model: alpha-beta from the ping-pong plus the compute measured at "
+                              "each node count, with (dashed, diamonds) and without (dotted) the "
+                              "CPU each message costs")]
 
 
 if __name__ == "__main__":
