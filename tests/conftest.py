@@ -9,6 +9,8 @@ data-loader tests that need real files ask for them by name and skip when they a
 """
 import os
 
+import pytest
+
 os.environ.setdefault("DIST_SGD_DATASET", "synthetic")  # inherited by the spawned ranks too
 
 
@@ -20,3 +22,19 @@ def pytest_configure(config):
     for exercise in EXERCISES:
         config.addinivalue_line("markers", f"{exercise.marker}: the course's exercise "
                                 f"{exercise.name} (lesson {exercise.lesson})")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def lessons_started_early(request):
+    """The lessons in lesson_runner.EARLY, when their test is chosen, start with the session:
+    they mostly wait, so they wait beside every file's tests; test_lessons collects them."""
+    import lesson_runner
+
+    chosen = {item.callspec.params["name"] for item in request.session.items
+              if item.module.__name__.endswith("test_lessons")
+              and getattr(item, "originalname", "") == "test_lesson_runs_and_keeps_its_promises"}
+    for name in sorted(chosen):
+        if name[:2] in lesson_runner.EARLY:
+            lesson_runner.background[name] = lesson_runner.start_lesson(name, "--world-size", "2")
+    yield
+    lesson_runner.close()

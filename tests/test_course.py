@@ -18,6 +18,7 @@ from dist_sgd.course.__main__ import main as course_main
 from dist_sgd.course.exercises import EXERCISES, ROOT, get, select
 from dist_sgd.course.mine import MINE, ONLY, QUIET, load_file
 from dist_sgd.course.skeleton import reference, skeleton
+from lesson_runner import run_lesson
 
 MUTANTS = sorted(glob.glob(os.path.join(ROOT, "tests", "mutants", "*__*.py")))
 WRONG = [m for m in MUTANTS if "__right_" not in m]
@@ -212,13 +213,13 @@ def test_the_switch_runs_a_lesson_on_the_learners_code(tmp_path):
     (tmp_path / "average_gradients.py").write_text(open(os.path.join(
         ROOT, "tests", "mutants", "average_gradients__right_tutorial.py")).read())
     # Lesson 05 trains with average_gradients too, in a shorter run than lesson 06's (which
-    # test_lessons runs end to end on the library's own).
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "lessons", "05_partitioning.py"),
-                          "--quick", "--world-size", "2"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, env=dict(os.environ, DIST_SGD_MINE=str(tmp_path)))
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    using = [line for line in run.stderr.splitlines() if "using average_gradients from" in line]
-    assert len(using) >= 2, run.stderr[-2000:]  # the parent and every spawned rank, once each
+    # test_lessons runs end to end on the library's own). It runs as `python lessons/05...`
+    # would, forked from tests/lesson_runner.py (its own process and fork server, neither
+    # having imported the switch's module before DIST_SGD_MINE is set); the command's fresh
+    # interpreter is proven by `course check` above.
+    output = run_lesson("05_partitioning.py", "--world-size", "2", timeout=300,
+                        env={MINE: str(tmp_path)})
+    using = [line for line in output.splitlines() if "using average_gradients from" in line]
+    assert len(using) >= 2, output[-2000:]  # the parent and every spawned rank, once each
     assert len(using) == len(set(using)), "a process said it more than once"
-    assert "max difference" in run.stdout
-
+    assert "max difference" in output
