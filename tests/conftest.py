@@ -6,6 +6,9 @@ the checkout (`python -m pytest` puts the current folder on sys.path).
 Tests must not depend on what a machine happens to have (MNIST downloads, Fashion-MNIST
 files), so they use the synthetic dataset unless DIST_SGD_DATASET is already set; the
 data-loader tests that need real files ask for them by name and skip when they are absent.
+
+A lesson that mostly waits (tests/lesson_runner.py's EARLY) starts with the session, when its
+test is chosen, and waits beside every file's tests; its test in test_lessons collects it.
 """
 import os
 
@@ -26,8 +29,8 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session", autouse=True)
 def lessons_started_early(request):
-    """The lessons in lesson_runner.EARLY, when their test is chosen, start with the session:
-    they mostly wait, so they wait beside every file's tests; test_lessons collects them."""
+    """Starts lesson_runner.EARLY's chosen lessons; at the end stops what was never collected
+    and the runner (test_lessons and test_course fork their lessons from it too)."""
     import lesson_runner
 
     chosen = {item.callspec.params["name"] for item in request.session.items
