@@ -5,6 +5,7 @@ every independent right version passes, and a learner's folder works end to end.
 The graders themselves pass the reference through the switch in tests/test_graders.py.
 """
 import ast
+import concurrent.futures
 import glob
 import importlib
 import os
@@ -18,6 +19,7 @@ from dist_sgd.course.__main__ import main as course_main
 from dist_sgd.course.exercises import EXERCISES, ROOT, get, select
 from dist_sgd.course.mine import MINE, ONLY, QUIET, load_file
 from dist_sgd.course.skeleton import reference, skeleton
+from lesson_runner import run_lesson
 
 MUTANTS = sorted(glob.glob(os.path.join(ROOT, "tests", "mutants", "*__*.py")))
 WRONG = [m for m in MUTANTS if "__right_" not in m]
@@ -59,12 +61,69 @@ def cases(exercise):
     return importlib.import_module(exercise.grader).grader.cases
 
 
+# A wrong version that deadlocks costs the operation timeout: short ones here (a case's
+# operations take milliseconds; 3 s still leaves room on a busy machine).
+QUICK_TIMEOUT = 3.0
+
+
 @pytest.fixture
 def quick_timeouts(monkeypatch):
-    """A wrong version that deadlocks costs the operation timeout: short ones here (a case's
-    operations take milliseconds; 3 s still leaves room on a busy machine)."""
-    monkeypatch.setattr(grade, "OPERATION_TIMEOUT", 3.0)
-    monkeypatch.setattr(grade, "CASE_DEADLINE", 9.0)
+    monkeypatch.setattr(grade, "OPERATION_TIMEOUT", QUICK_TIMEOUT)
+    monkeypatch.setattr(grade, "CASE_DEADLINE", 3 * QUICK_TIMEOUT)
+
+
+GRADED = ("test_the_untouched_skeleton_fails_every_case",
+          "test_each_wrong_version_is_rejected_by_its_case",
+          "test_each_independent_right_version_passes")
+
+
+class Gradings:
+    """run_grader for each chosen skeleton, wrong and right version, three at a time, in
+    the tests' order; each test checks its own. One grading alone leaves a core idle (it waits
+    on its groups' start, its ranks' notes, a deadlock's timeout); they share nothing but the
+    fork server: each has its own groups, files, ports and timeouts (passed, not global)."""
+
+    def __init__(self, jobs, folder):
+        self.pool = concurrent.futures.ThreadPoolExecutor(3)
+        self.futures = {key: self.pool.submit(self.grade, key, folder) for key in jobs}
+
+    @staticmethod
+    def grade(key, folder):
+        kind, name = key
+        if kind == "skeleton":
+            exercise = get(name)
+            path = os.path.join(folder, "skeleton", exercise.filename)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(skeleton(exercise))
+            return grade.run_grader(name, ("file", path), timeout=QUICK_TIMEOUT)
+        exercise, path = exercise_of(name), learner_file(name, folder)
+        if kind == "wrong":
+            return grade.run_grader(exercise.name, ("file", path), titles=[caught_by(name)],
+                                    timeout=QUICK_TIMEOUT)
+        return grade.run_grader(exercise.name, ("file", path), timeout=grade.OPERATION_TIMEOUT)
+
+    def results(self, kind, name):
+        return self.futures[kind, name].result(timeout=600)  # each launch has its deadline
+
+    def close(self):
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="module")
+def gradings(request, tmp_path_factory):
+    """Started by the first test that asks; done before the tests after them (the command's
+    `check` below changes this process's environment, which spawned ranks inherit)."""
+    kinds = dict(zip(GRADED, ("skeleton", "wrong", "right")))
+    jobs = []
+    for item in request.session.items:
+        if item.module is request.module and getattr(item, "originalname", "") in kinds:
+            param = item.callspec.params
+            jobs.append((kinds[item.originalname],
+                         param["exercise"].name if "exercise" in param else param["path"]))
+    pool = Gradings(jobs, str(tmp_path_factory.mktemp("graded")))
+    yield pool
+    pool.close()
 
 
 def by_exercise(paths):
@@ -109,10 +168,8 @@ def test_the_skeleton_keeps_names_and_blanks_every_region(exercise):
 
 
 @pytest.mark.parametrize("exercise", each_exercise())
-def test_the_untouched_skeleton_fails_every_case(exercise, tmp_path, quick_timeouts):
-    path = tmp_path / exercise.filename
-    path.write_text(skeleton(exercise))
-    results = grade.run_grader(exercise.name, ("file", str(path)))
+def test_the_untouched_skeleton_fails_every_case(exercise, gradings):
+    results = gradings.results("skeleton", exercise.name)
     assert {r.title for r in results} == set(cases(exercise)), "every case ran"
     passed = [r.title for r in results if r.ok]
     assert not passed, f"the skeleton passes {passed}"
@@ -120,12 +177,12 @@ def test_the_untouched_skeleton_fails_every_case(exercise, tmp_path, quick_timeo
 
 
 @pytest.mark.parametrize("path", by_exercise(WRONG))
-def test_each_wrong_version_is_rejected_by_its_case(path, tmp_path, quick_timeouts):
-    exercise, title = exercise_of(path), caught_by(path)
+def test_each_wrong_version_is_rejected_by_its_case(path, tmp_path, gradings):
+    exercise, title, mutant = exercise_of(path), caught_by(path), path
     path = learner_file(path, str(tmp_path))
     module = load_file(path, "dist_sgd_mutant_" + os.path.basename(path)[:-3])  # it imports:
     assert all(hasattr(module, s) for s in exercise.symbols)  # rejected for its mistake only
-    results = grade.run_grader(exercise.name, ("file", path), titles=[title])
+    results = gradings.results("wrong", mutant)  # run_grader(..., titles=[title])
     failed = [r for r in results if not r.ok]
     assert failed, f"{os.path.basename(path)} passes '{title}' at every world size"
     line = failed[0].line
@@ -134,9 +191,9 @@ def test_each_wrong_version_is_rejected_by_its_case(path, tmp_path, quick_timeou
 
 
 @pytest.mark.parametrize("path", by_exercise(RIGHT))
-def test_each_independent_right_version_passes(path, tmp_path):
+def test_each_independent_right_version_passes(path, gradings):
     exercise = exercise_of(path)
-    results = grade.run_grader(exercise.name, ("file", learner_file(path, str(tmp_path))))
+    results = gradings.results("right", path)
     assert results and all(r.ok for r in results), "\n".join(grade.report(exercise.name, results))
 
 
@@ -176,7 +233,10 @@ def course(*args, env=None):
 
 
 def test_start_check_fails_then_passes_once_written_and_start_never_overwrites(
-        tmp_path, monkeypatch, capsys):
+        tmp_path, monkeypatch, capsys, request):
+    if any(i.module is request.module and getattr(i, "originalname", "") in GRADED
+           for i in request.session.items):
+        request.getfixturevalue("gradings").close()  # none in flight: see gradings
     folder = str(tmp_path / "mine")
     started = course("start", "04", "--dir", folder)
     assert started.returncode == 0, started.stderr
@@ -212,13 +272,13 @@ def test_the_switch_runs_a_lesson_on_the_learners_code(tmp_path):
     (tmp_path / "average_gradients.py").write_text(open(os.path.join(
         ROOT, "tests", "mutants", "average_gradients__right_tutorial.py")).read())
     # Lesson 05 trains with average_gradients too, in a shorter run than lesson 06's (which
-    # test_lessons runs end to end on the library's own).
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "lessons", "05_partitioning.py"),
-                          "--quick", "--world-size", "2"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, env=dict(os.environ, DIST_SGD_MINE=str(tmp_path)))
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    using = [line for line in run.stderr.splitlines() if "using average_gradients from" in line]
-    assert len(using) >= 2, run.stderr[-2000:]  # the parent and every spawned rank, once each
+    # test_lessons runs end to end on the library's own). It runs as `python lessons/05...`
+    # would, forked from tests/lesson_runner.py (its own process and fork server, neither
+    # having imported the switch's module before DIST_SGD_MINE is set); the command's fresh
+    # interpreter is proven by `course check` above.
+    output = run_lesson("05_partitioning.py", "--world-size", "2", timeout=300,
+                        env={MINE: str(tmp_path)})
+    using = [line for line in output.splitlines() if "using average_gradients from" in line]
+    assert len(using) >= 2, output[-2000:]  # the parent and every spawned rank, once each
     assert len(using) == len(set(using)), "a process said it more than once"
-    assert "max difference" in run.stdout
-
+    assert "max difference" in output

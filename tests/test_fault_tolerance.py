@@ -2,6 +2,7 @@
 with the weights of a run never interrupted (lesson 14's run in test_lessons checks its own;
 here a plain script killed twice); peer recovery replaces the rank without a restart
 and every rank ends equal; a real bug is still reported, not "recovered" forever."""
+import concurrent.futures
 import os
 
 import pytest
@@ -30,6 +31,24 @@ def sum_steps(rank, world_size, steps, fail_on_rank=None):
         except group.FAILURES as error:
             state = group.recover(state, error)
     return state["total"], group.generation
+
+
+@pytest.fixture(scope="module")
+def killed_twice(request):
+    """The run that torchrun restarts twice mostly waits (torchrun's restarts, its workers
+    importing torch, the late rank's 2 s): started with this module, it runs beside the other
+    tests in a thread (killed_run only starts and watches processes); its test collects it."""
+    from dist_sgd.faults import restarts
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        yield pool.submit(restarts.killed_run, [restarts.__file__], kill_after=[13, 28],
+                          late=2.0, limit=120, env=ENV)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def started_with_the_module(request):
+    if "killed_twice" in {f for item in request.session.items if item.module is request.module
+                          for f in item.fixturenames}:
+        request.getfixturevalue("killed_twice")
 
 
 # World size 3 and rank 0 (the rank that hands out the state) as the victim; lesson 14's own
@@ -89,7 +108,7 @@ def test_a_rank_that_returned_without_joining_a_collective_is_named():
             "collective (a collective every rank must call, that rank 1 never called?)") in message
 
 
-def test_two_restarts_with_a_late_rank_end_with_the_uninterrupted_hash():
+def test_two_restarts_with_a_late_rank_end_with_the_uninterrupted_hash(killed_twice):
     """torch 2.14.1's restart hang, with its trigger (the last rank restarts 2 s late) and
     the work-around (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): a plain torch.distributed script,
     killed twice, restarted twice, ends as if never interrupted. `python -m
@@ -99,8 +118,7 @@ def test_two_restarts_with_a_late_rank_end_with_the_uninterrupted_hash():
     from dist_sgd.faults import restarts
     total = torch.full((1000,), float(sum(range(1, restarts.STEPS + 1))), dtype=torch.float64)
     want = hashlib.sha256(total.numpy().tobytes()).hexdigest()  # the sum 1 + ... + STEPS, exact
-    digest, seconds, out = restarts.killed_run([restarts.__file__], kill_after=[13, 28], late=2.0,
-                                               limit=120, env=ENV)
+    digest, seconds, out = killed_twice.result(timeout=300)  # killed_run stops it after 120 s
     assert digest == want, out[-3000:]
     assert out.count("final sha256") == 1, out[-3000:]  # each kill landed before the end
     assert out.count("(exitcode: -9)") == 2, out[-3000:]  # two workers killed, two restarts

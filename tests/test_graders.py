@@ -7,6 +7,7 @@ With DIST_SGD_MINE already set, the learner's own folder is graded instead:
 
     DIST_SGD_MINE=mine python3 -m pytest -q -m ex_average_gradients tests/test_graders.py
 """
+import concurrent.futures
 import os
 
 import pytest
@@ -21,13 +22,32 @@ def each_exercise():
     return [pytest.param(e, id=e.name, marks=getattr(pytest.mark, e.marker)) for e in EXERCISES]
 
 
+@pytest.fixture(scope="module")
+def graded(request, tmp_path_factory):
+    """run_grader for each chosen exercise, three at a time, in the tests' order; each test
+    checks its own. One grading alone leaves a core idle (it waits on its groups' start and its
+    ranks' notes); they share nothing but the fork server: each has its own groups and folder."""
+    def grade_one(exercise):
+        folder = os.environ.get(MINE)
+        if folder is None:  # the reference, in a learner's folder
+            folder = str(tmp_path_factory.mktemp(exercise.name))
+            with open(os.path.join(folder, exercise.filename), "w") as f:
+                f.write(reference(exercise))
+        return grade.run_grader(exercise.name, ("switch", os.path.abspath(folder)))
+
+    chosen = [item.callspec.params["exercise"] for item in request.session.items
+              if item.module is request.module and getattr(item, "originalname", "") ==
+              "test_grader_passes"]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        futures = {e.name: pool.submit(grade_one, e) for e in chosen}
+        yield lambda name: futures[name].result(timeout=600)  # each launch has its deadline
+        for future in futures.values():
+            future.cancel()
+
+
 @pytest.mark.parametrize("exercise", each_exercise())
-def test_grader_passes(exercise, tmp_path):
-    folder = os.environ.get(MINE)
-    if folder is None:  # the reference, in a learner's folder
-        folder = str(tmp_path)
-        (tmp_path / exercise.filename).write_text(reference(exercise))
-    results = grade.run_grader(exercise.name, ("switch", os.path.abspath(folder)))
+def test_grader_passes(exercise, graded):
+    results = graded(exercise.name)
     assert results and all(r.ok for r in results), "\n".join(grade.report(exercise.name, results))
     tried = {(r.title, r.world_size) for r in results}
     grader_cases = __import__(exercise.grader, fromlist=["grader"]).grader.cases

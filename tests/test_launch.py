@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
@@ -363,17 +364,43 @@ def test_rank_and_world_size_without_a_launchers_address_do_not_make_a_rank(monk
 
 # ---- the same convention under torchrun -----------------------------------------------------
 
-@pytest.fixture(scope="module")
-def torchrun_output():
+@pytest.fixture(scope="module", autouse=True)
+def torchrun_started(request):
+    """torchrun and its workers mostly import torch and wait (rank 0's epilogue): started
+    with this module when a test of theirs is chosen, they run beside the other tests."""
+    if not any(item.module is request.module and "torchrun_output" in item.fixturenames
+               for item in request.session.items):
+        yield None
+        return
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            os.path.abspath(__file__)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    output = proc.stdout + proc.stderr
+    # Files, not pipes: nobody reads a pipe until the test, and a full one would stop torchrun.
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, text=True)
+        yield proc, out, err
+        if proc.poll() is None:  # never collected (its tests were not reached)
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def torchrun_output(torchrun_started):
+    proc, out, err = torchrun_started
+    try:
+        proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out.seek(0)
+    err.seek(0)
+    stdout = out.read()
+    output = stdout + err.read()
     assert proc.returncode == 0, output[-3000:]
-    return dict(re.findall(r"^(rank \d launch \d): (.*)$", proc.stdout, re.M)), output
+    return dict(re.findall(r"^(rank \d launch \d): (.*)$", stdout, re.M)), output
 
 
 def test_torchrun_rank_0_gets_every_ranks_result(torchrun_output):

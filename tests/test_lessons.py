@@ -2,7 +2,9 @@
 
 Each runs as `python lessons/NAME --quick` would run it (the file as __main__, its arguments,
 its own process and fork server), forked from tests/lesson_runner.py, which imports torch
-once for all of them; tests/test_course.py starts one lesson as a fresh interpreter.
+once for all of them (tests/test_course.py runs lesson 05 through it too). Lesson files still
+run as fresh interpreters: lesson 14 runs itself under torchrun, and tests/test_cluster.py runs
+lesson 03 so across emulated nodes (as root).
 
 A lesson states its checks in lines made by `dist_sgd.plumbing.check.check`:
 
@@ -18,18 +20,14 @@ the per-rank function's name, the shared flags) are checked without running anyt
 """
 import ast
 import glob
-import json
 import operator
 import os
-import queue
 import re
-import signal
-import subprocess
-import sys
-import tempfile
-import threading
 
 import pytest
+
+import lesson_runner
+from lesson_runner import finish_lesson, run_lesson, start_lesson
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LESSONS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "lessons", "[0-9][0-9]_*.py")))
@@ -92,137 +90,20 @@ SEVERAL_SIZES = {"16": ("2", "3")}
 SECTION = re.compile(r"^=== world size (\d+)\b", re.MULTILINE)
 
 
-RUNNER = os.path.join(ROOT, "tests", "lesson_runner.py")
-
-
-class _Runner:
-    """tests/lesson_runner.py, one per module: it imports torch once and forks each lesson from
-    itself (a fresh interpreter per lesson would import torch twice, ~7 s each)."""
-
-    def __init__(self, env):
-        self.proc = subprocess.Popen([sys.executable, RUNNER], cwd=ROOT, env=env, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.pids, self.ended, self.changed = queue.Queue(), {}, threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            message = json.loads(line)
-            if "pid" in message:
-                self.pids.put(message["pid"])
-            else:
-                with self.changed:
-                    self.ended[message["ended"]] = message["code"]
-                    self.changed.notify_all()
-        with self.changed:
-            self.gone = True
-            self.changed.notify_all()
-
-    def start(self, argv, env, out):
-        self.proc.stdin.write(json.dumps({"argv": argv, "env": env, "out": out}) + "\n")
-        self.proc.stdin.flush()
-        return _Forked(self, self.pids.get(timeout=60), argv)
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-
-
-class _Forked:
-    """A lesson the runner forked, with the part of Popen's interface the tests use."""
-
-    def __init__(self, runner, pid, argv):
-        self.runner, self.pid, self.args = runner, pid, argv
-
-    @property
-    def returncode(self):
-        return self.runner.ended.get(self.pid)
-
-    def poll(self):
-        return self.returncode
-
-    def wait(self, timeout):
-        with self.runner.changed:
-            if not self.runner.changed.wait_for(
-                    lambda: self.pid in self.runner.ended or getattr(self.runner, "gone", 0),
-                    timeout):
-                raise subprocess.TimeoutExpired(self.args, timeout)
-        return self.returncode
-
-    def send_signal(self, sig):
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-    def kill(self):
-        self.send_signal(signal.SIGKILL)
-
-
-_runner = []
-
-
-def start_lesson(name, *args):
-    """The lesson at --quick, started as `python lessons/NAME --quick ARGS` would run it (see
-    tests/lesson_runner.py); its output goes to a file (a pipe nobody reads fills)."""
-    argv = [os.path.join("lessons", name), "--quick", *args]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    if not _runner:
-        _runner.append(_Runner(env))
-    out = tempfile.NamedTemporaryFile("w+", suffix=".out")
-    return [sys.executable, *argv], out, _runner[0].start(argv, env, out.name)
-
-
-def finish_lesson(started, timeout=240):
-    cmd, out, proc = started
-    try:
-        proc.wait(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # the cluster command removes what it made
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    out.seek(0)
-    output = out.read()
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{output[-4000:]}"
-    assert "Traceback" not in output, output[-4000:]
-    return output
-
-
-def run_lesson(name, *args, timeout=240):
-    return finish_lesson(start_lesson(name, *args), timeout)
-
-
-# Lessons that mostly wait (emulated links, torchrun restarts, paced steps, timeouts) start in
-# the background with this module and run beside the others; their own test collects them.
+# Lessons that mostly wait (emulated links, torchrun restarts) start in the background with
+# this module and run beside the others; lesson_runner.EARLY ones start with the session
+# (conftest.py). Their own test collects them.
 BACKGROUND = ("10", "11", "14", "17")
-_background = {}
-
-
-@pytest.fixture(scope="module")
-def sigint_as_in_a_terminal():
-    """The SIGINT that ends a lesson on a timeout must reach it however the suite was started
-    (`cmd &` in a script starts it with SIGINT ignored, and the lesson's cluster keeps that):
-    a Python handler here is reset to the default by exec, so the lessons started get it."""
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, old)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def background_lessons(request, sigint_as_in_a_terminal):
+def background_lessons(request):
     chosen = {item.callspec.params["name"] for item in request.session.items
               if getattr(item, "originalname", "") == "test_lesson_runs_and_keeps_its_promises"}
     for name in sorted(chosen):
-        if name[:2] in BACKGROUND:
-            _background[name] = start_lesson(name, "--world-size", "2")
-    yield
-    for _, _, proc in _background.values():
-        if proc.poll() is None:
-            proc.kill()
-    if _runner:
-        _runner.pop().close()
+        if name[:2] in BACKGROUND and name not in lesson_runner.background:
+            lesson_runner.background[name] = start_lesson(name, "--world-size", "2")
+    yield  # what is never collected is stopped with the session (lesson_runner.close)
 
 
 def assert_promises(name, output):
@@ -256,7 +137,7 @@ def sections(output):
 
 @pytest.mark.parametrize("name", LESSONS)
 def test_lesson_runs_and_keeps_its_promises(name):
-    started = _background.pop(name, None)
+    started = lesson_runner.background.pop(name, None)
     sizes = SEVERAL_SIZES.get(name[:2], ("2",))
     output = finish_lesson(started, 400) if started else run_lesson(name, "--world-size", *sizes)
     if len(sizes) == 1:

@@ -365,16 +365,19 @@ def _from_rank_error(grader, title, world_size, error):
     return Result(title, world_size, False, line[:400], hints[:2], hung)
 
 
-def run_grader(name, impl, world_sizes=None, titles=None, on_result=None):
+def run_grader(name, impl, world_sizes=None, titles=None, on_result=None, timeout=None):
     """Grade exercise `name`'s implementation `impl` (see _load); a list of Results, case by
     case in the grader's order. At each world size the cases run one after the other in one
     spawned group; the first that fails anywhere ends that group, and the rest go on in a
     fresh one. A case that fails at one world size is not run at larger ones; after a hang
-    nothing more runs."""
+    nothing more runs. timeout: seconds per operation (default OPERATION_TIMEOUT, and then
+    CASE_DEADLINE; else three times it), for a caller that grades several at once."""
     import tempfile
 
     from dist_sgd.plumbing.launch import RankError, launch
 
+    operation = OPERATION_TIMEOUT if timeout is None else timeout
+    case_deadline = CASE_DEADLINE if timeout is None else 3 * timeout
     grader = importlib.import_module(get(name).grader).grader
     sizes = tuple(world_sizes or grader.exercise.world_sizes)
     wanted = [t for t in grader.cases if titles is None or t in titles]
@@ -388,8 +391,8 @@ def run_grader(name, impl, world_sizes=None, titles=None, on_result=None):
             with tempfile.NamedTemporaryFile("r", suffix=".progress") as progress:
                 try:
                     out = launch(run_cases, ws, grader.exercise.grader, todo, impl,
-                                 progress.name, timeout=OPERATION_TIMEOUT,
-                                 deadline=CASE_DEADLINE + OPERATION_TIMEOUT * len(todo))
+                                 progress.name, timeout=operation,
+                                 deadline=case_deadline + operation * len(todo))
                     ran = []
                     for i, (title, _, anywhere) in enumerate(out[0]):
                         bad = [o[i][1] for o in out if o[i][1] is not None]
