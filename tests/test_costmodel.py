@@ -24,6 +24,7 @@ from dist_sgd.plumbing.launch import launch
 
 SIZES = [2 ** k for k in range(10, 27, 2)]  # 1 KiB .. 64 MiB
 NUMEL = 12 * 1024  # 48 KiB of float32: divides by 3 and 4 (equal chunks), one segment per chunk
+BIG = 48 * 1024  # 192 KiB: the tree's messages and halving-doubling's halves go by rendezvous
 
 
 def _traced(rank, world_size):
@@ -56,13 +57,28 @@ def _traced(rank, world_size):
         assert torch.equal(x, torch.full_like(x, world_size))  # the traced run was a right one
         out[algorithm] = {k: list(v) for k, v in log.items()}
         log["sent"].clear(), log["received"].clear()
-    out["tree sends"] = _tree_send_order(world_size, originals)
+    out["tree sends"] = _tree_send_order(world_size, originals, NUMEL)
+    out["tree sends, big"] = _tree_send_order(world_size, originals, BIG)
+    # halving-doubling at BIG: its exchanges of >= RENDEZVOUS_BYTES are acknowledged
+    sent = []
+
+    def isend(tensor, *args, **kwargs):
+        sent.append(tensor.numel() * tensor.element_size())
+        return originals["isend"](tensor, *args, **kwargs)
+    for module in (c10d, dist):
+        setattr(module, "isend", isend)
+    try:
+        all_reduce(torch.ones(BIG), algorithm="halving_doubling")
+    finally:
+        for module in (c10d, dist):
+            setattr(module, "isend", originals["isend"])
+    out["halving_doubling, big"] = sent
     return out
 
 
-def _tree_send_order(world_size, originals):
+def _tree_send_order(world_size, originals, numel):
     """Rank 0's tree broadcast, as events: ("send", peer) when a send is posted, ("done", peer)
-    when it is waited for."""
+    when it is waited for, ("ack", peer) when a child's ack has come back."""
     from dist_sgd.comm.allreduce import tree_broadcast
     from dist_sgd.comm.wire import Link
 
@@ -79,13 +95,22 @@ def _tree_send_order(world_size, originals):
     def isend(tensor, dst, *args, **kwargs):
         events.append(("send", dst))
         return Request(originals["isend"](tensor, dst, *args, **kwargs), dst)
+
+    def irecv(tensor, src, *args, **kwargs):
+        request = originals["irecv"](tensor, src, *args, **kwargs)
+        return Request(request, src) if tensor.numel() > 1 else Ack(request, src)
+
+    class Ack(Request):
+        def wait(self):
+            self.request.wait()
+            events.append(("ack", self.peer))
     for module in (c10d, dist):
-        setattr(module, "isend", isend)
+        module.isend, module.irecv = isend, irecv
     try:
-        tree_broadcast(Link("broadcast"), torch.ones(NUMEL))
+        tree_broadcast(Link("broadcast"), torch.ones(numel))
     finally:
         for module in (c10d, dist):
-            setattr(module, "isend", originals["isend"])
+            module.isend, module.irecv = originals["isend"], originals["irecv"]
     return events if dist.get_rank() == 0 else None
 
 
@@ -234,7 +259,9 @@ def test_ring_bus_bandwidth_is_the_link_bandwidth(p):
 
 @pytest.mark.parametrize("p", [2, 4, 8, 64])
 def test_ring_and_halving_doubling_move_the_same_bytes_at_powers_of_two(p):
-    assert predict_all_reduce("ring", 1 << 20, p, 0, 1e-9) == pytest.approx(
+    # the same data; halving-doubling's rendezvous acks add 4 bytes each
+    acks = sum(k for k, f in costmodel.acks("halving_doubling", p) if f * 2 ** 20 >= 2 ** 16)
+    assert predict_all_reduce("ring", 1 << 20, p, 0, 1e-9) + acks * 4e-9 == pytest.approx(
         predict_all_reduce("halving_doubling", 1 << 20, p, 0, 1e-9))
 
 
@@ -263,10 +290,50 @@ def test_tree_latency_counts_the_rounds_of_a_binomial_tree(p):
 
 def test_tree_broadcast_sends_to_one_child_at_a_time_biggest_subtree_first(traced):
     # The model's tree takes log2 p rounds only if a parent's sends do not share its link:
-    # each send is waited for before the next, to the child with the biggest subtree first.
+    # each send is waited for before the next, to the child with the biggest subtree first;
+    # a big one until the child's ack says it arrived (a returned send is still in the kernel)
     p, ranks = traced
     children = [2 ** k for k in reversed(range(math.ceil(math.log2(p))))]
     assert ranks[0]["tree sends"] == [e for c in children for e in (("send", c), ("done", c))]
+    assert ranks[0]["tree sends, big"] == [e for c in children
+                                           for e in (("send", c), ("done", c), ("ack", c))]
+
+
+def test_halving_doubling_acks_its_big_exchanges_as_the_model_counts(traced):
+    p, ranks = traced
+    acks = sum(count for count, f in costmodel.acks("halving_doubling", p)
+               if f * BIG * 4 >= costmodel.RENDEZVOUS_BYTES)
+    sent = [rank["halving_doubling, big"] for rank in ranks]
+    data = sorted(round(f * BIG * 4) for count, f in costmodel.steps("halving_doubling", p)
+                  for _ in range(count))
+    if p & (p - 1) == 0:  # every rank is on the critical path: its data, then one ack each
+        assert all(sorted(n for n in s if n > 4) == data and s.count(4) == acks for s in sent)
+    else:  # p = 3: rank 1 (rank 0's fold partner) carries the path's exchanges and acks
+        assert sent[1].count(4) == acks and sent[0].count(4) == 0  # the fold goes eagerly
+
+
+def test_rendezvous_threshold_is_the_wires():
+    from dist_sgd.comm import wire
+
+    assert costmodel.RENDEZVOUS_BYTES == wire.RENDEZVOUS_BYTES
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 16])
+def test_big_messages_pay_a_latency_per_rendezvous_ack(p):
+    ack = ALPHA + costmodel.ACK_BYTES * BETA
+    rounds = math.ceil(math.log2(p))
+    for n, on in ((60_000, False), (2 ** 20, True)):  # below and above RENDEZVOUS_BYTES
+        a, b, _ = costmodel.coefficients("tree", p)
+        assert predict_all_reduce("tree", n, p, ALPHA, BETA) == pytest.approx(
+            a * ALPHA + b * n * BETA + (rounds * ack if on else 0))
+    q = 1 << (p.bit_length() - 1)
+    n = 2 ** 20  # halving-doubling's halves: n/2, n/4, ... acknowledged while >= 64 KiB
+    big = sum(2 for k in range(1, q.bit_length()) if n * 0.5 ** k >= 64 * 1024)
+    a, b, _ = costmodel.coefficients("halving_doubling", p)
+    assert predict_all_reduce("halving_doubling", n, p, ALPHA, BETA) == pytest.approx(
+        a * ALPHA + b * n * BETA + big * ack)
+    assert predict_all_reduce("ring", n, p, ALPHA, BETA) == pytest.approx(
+        2 * (p - 1) * (ALPHA + n / p * BETA))  # the ring sends on one link in order: no acks
 
 
 def test_world_size_one_costs_nothing():
@@ -307,7 +374,7 @@ def test_coefficients_add_up_the_steps(algorithm, p):
     assert a == sum(k for k, _ in path) and b == pytest.approx(sum(k * f for k, f in path))
     assert c == pytest.approx(b / 2)
     assert predict_all_reduce(algorithm, 1000, p, 1e-4, 1e-8) == pytest.approx(
-        a * 1e-4 + 1000 * b * 1e-8)
+        a * 1e-4 + 1000 * b * 1e-8)  # 1000 bytes: below RENDEZVOUS_BYTES, no acks
 
 
 ALPHA, BETA, KAPPA, PER_BYTE = 200e-6, 8e-8, 300e-6, 2e-9

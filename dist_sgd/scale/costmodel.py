@@ -35,6 +35,12 @@ coefficients (a, b, c) that depend only on the algorithm and the world size p:
 
 With p = 1 there is nobody to talk to: every algorithm costs 0.
 
+Rendezvous (`acks`): a send returns once the kernel holds its bytes, so the tree's broadcast and
+halving-doubling's exchanges follow every message of RENDEZVOUS_BYTES or more with the
+receiver's 4-byte ack before the sender's next message (dist_sgd.comm.wire). Each ack on the
+critical path costs a latency: log2 p of them for the tree, two per halving-doubling round
+whose message is that big. The table above is the textbook's, without them.
+
 Coefficients assume full-duplex links (a send and a receive at the same time cost one
 message) and that steps of different ranks run concurrently. `fit_alpha_beta` turns measured
 (bytes, seconds) into alpha and beta (`fit_shaped_link`: the same on a tbf-shaped emulated
@@ -57,6 +63,8 @@ import math
 import numpy as np
 
 ALGORITHMS = ("naive", "tree", "ring", "ring_pipelined", "halving_doubling", "parameter_server")
+RENDEZVOUS_BYTES = 64 * 1024  # dist_sgd.comm.wire's (the model imports no torch; a test checks)
+ACK_BYTES = 4  # a rendezvous ack: one float32
 
 
 def _check_world_size(world_size):
@@ -87,6 +95,24 @@ def steps(algorithm, world_size):
         halves = tuple((2, 0.5 ** k) for k in range(1, q.bit_length()))
         return halves + (((2, 1.0),) if q != p else ())  # fold in, hand the result back
     return ((2 * p, 1.0),)  # parameter_server
+
+
+def acks(algorithm, world_size):
+    """The rendezvous acks on the critical path: ((count, fraction), ...), `count` acks each
+    after a message of `fraction` * n bytes, sent when that message is RENDEZVOUS_BYTES or
+    more. tree: one per broadcast round; halving-doubling: one per exchange (steps' halves)."""
+    path = steps(algorithm, world_size)
+    if algorithm == "tree" and path:
+        return ((path[0][0] // 2, 1.0),)
+    if algorithm == "halving_doubling":
+        return tuple(step for step in path if step[1] < 1.0)  # not the fold-in, fold-out
+    return ()
+
+
+def _acks_sent(algorithm, world_size, nbytes):
+    """How many of `acks` an all-reduce of nbytes (a number or an array) waits for."""
+    n = np.asarray(nbytes, dtype=np.float64)
+    return sum(count * (f * n >= RENDEZVOUS_BYTES) for count, f in acks(algorithm, world_size))
 
 
 def coefficients(algorithm, world_size):
@@ -120,17 +146,20 @@ def predict_all_reduce(algorithm, nbytes, world_size, alpha, beta, gamma=0.0, cp
     n = np.asarray(nbytes, dtype=np.float64)
     if np.any(n < 0):
         raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
+    k = _acks_sent(algorithm, world_size, n)
     if cpu is None:
-        t = a * alpha + n * (b * beta + c * gamma)
+        t = a * alpha + n * (b * beta + c * gamma) + k * (alpha + ACK_BYTES * beta)
     else:
         kappa, per_byte, cores = cpu
         if not all(np.isfinite(v) and v >= 0 for v in (kappa, per_byte)):
             raise ValueError(f"kappa and per_byte must be finite numbers >= 0, got {cpu!r}")
         share = turns(world_size, cores)
-        t = n * c * gamma + sum(count * np.maximum(alpha + m * beta, share * (kappa + m * per_byte))
-                                for count, m in ((k, f * n) for k, f in steps(algorithm,
-                                                                             world_size)))
-        t = np.asarray(t, dtype=np.float64)
+
+        def step(m):  # one message of m bytes on the critical path: its link or its CPU turns
+            return np.maximum(alpha + m * beta, share * (kappa + m * per_byte))
+        t = n * c * gamma + sum(count * step(f * n) for count, f in steps(algorithm, world_size))
+        t = t + k * step(ACK_BYTES)
+    t = np.asarray(t, dtype=np.float64)
     return float(t) if t.ndim == 0 else t
 
 
@@ -198,7 +227,8 @@ def fit_all_reduce(algorithms, nbytes, world_sizes, seconds, gamma=0.0):
     target = t - n * coef[:, 2] * gamma
     if np.any(target <= 0):
         raise ValueError("gamma alone explains more than the measured time: is gamma too big?")
-    alpha, beta = _weighted_fit([coef[:, 0], n * coef[:, 1]], target)
+    k = np.array([_acks_sent(a, p, m) for a, p, m in zip(algorithms, world_sizes, n)])
+    alpha, beta = _weighted_fit([coef[:, 0] + k, n * coef[:, 1] + k * ACK_BYTES], target)
     return float(alpha), float(beta)
 
 
