@@ -69,9 +69,10 @@ class Lines(list):
 
 @needs_root
 def test_nodes_are_built_shaped_and_removed():
-    before = host_links()
+    before, host_cc = host_links(), cluster._read_sysctl(cluster._CC)
     proc, out, err = run_cli("--nodes", "3", "--rate", "100mbit", "--",
                              "hostname; ip -br addr show eth0; tc qdisc show dev eth0; "
+                             "echo tcp=$(cat /proc/sys/net/ipv4/tcp_congestion_control); "
                              "echo rank=$NODE_RANK of $NNODES master=$MASTER_ADDR:$MASTER_PORT "
                              "if=$GLOO_SOCKET_IFNAME; ip route")
     assert proc.returncode == 0, out + err
@@ -82,11 +83,24 @@ def test_nodes_are_built_shaped_and_removed():
         assert f"rank={i} of 3 master=" in text and "if=eth0" in text, out
         assert "tbf" in text and "100Mbit" in text, out  # the link is shaped
         assert "default" not in text, out  # no route out of the cluster
+        assert f"[node {i}] tcp=cubic" in text, out  # Linux's default, whatever the host runs
     master = out.split("[node 0] rank=0 of 3 master=")[1].split(":")[0]
     assert any(line.startswith("[node 0] eth0") and f"{master}/24" in line
                for line in out.splitlines()), out  # MASTER_ADDR is node 0's address
     assert made_by(proc.pid) == [], made_by(proc.pid)
     assert host_links() == before  # nothing appeared (or vanished) in the host's namespace
+    assert cluster._read_sysctl(cluster._CC) == host_cc  # the host's default is back
+
+
+@needs_root
+def test_nodes_can_keep_the_hosts_congestion_control():
+    host_cc = cluster._read_sysctl(cluster._CC)
+    with cluster.Cluster(1, congestion_control=None) as c:
+        assert cluster._read_sysctl(cluster._CC, c.netns[0]) == host_cc
+    with pytest.raises(cluster.ClusterError, match="not available on this host"):
+        with cluster.Cluster(1, congestion_control="no-such-tcp"):
+            pass
+    assert cluster._read_sysctl(cluster._CC) == host_cc
 
 
 @needs_root

@@ -419,6 +419,16 @@ def test_fit_cpu_recovers_the_cost_per_message_and_per_byte():
     assert costmodel.fit_cpu(flat) == pytest.approx((2.95e-4, 0.0))  # no cost per byte seen
     with pytest.raises(ValueError, match="two or more sizes"):
         costmodel.fit_cpu(rows[:1])
+    # every size counts the same: measured in a 2-node cluster (us per message), where the
+    # plain least-squares line's intercept was 789 us, 2.2x the 64 B message's own cost
+    measured = [{"bytes": n, "seconds": us * 1e-6}
+                for n, us in ((64, 356), (65536, 1344), (2 ** 20, 2268))]
+    kappa, per_byte = costmodel.fit_cpu(measured)
+    assert 356e-6 < kappa < 1.25 * 356e-6 and per_byte > 0
+    assert kappa + per_byte * 2 ** 20 == pytest.approx(2268e-6, rel=0.25)
+    idle = [{"bytes": n, "seconds": t} for n, t in ((64, 0.0), (2 ** 20, 1e-3))]
+    kappa, per_byte = costmodel.fit_cpu(idle)  # no cost per message seen: none charged
+    assert kappa == 0.0 and 0 < per_byte <= 1e-3 / 2 ** 20
 
 
 def test_crossover_is_where_the_ring_stops_being_slower():

@@ -247,7 +247,8 @@ def measure(quick=False):
         rows += _rows(nodes.on_nodes(__name__, p, quick))
     rows = with_model(rows)
     write_csv(NAME, rows, f"{machine_facts()}, {RATE}/s links (tbf, {cluster.SCALING_BURST} B "
-                          "bucket) between network-namespace nodes")
+                          f"bucket, TCP {cluster.CONGESTION_CONTROL}) between network-namespace "
+                          "nodes")
     return rows
 
 

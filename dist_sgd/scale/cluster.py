@@ -18,7 +18,8 @@ the network's side. This module builds a small cluster out of them:
     ...                                         /
 
 Each node's eth0 sends through a token-bucket filter (`tc qdisc ... tbf rate RATE`), and so does
-the switch port towards it: every node has a RATE link in each direction, like a switch port. The
+the switch port towards it: every node has a RATE link in each direction, like a switch port, and
+its TCP runs cubic (CONGESTION_CONTROL: Linux's default, whatever this host's is). The
 nodes share the machine's files and CPUs (so one checkout serves every node) but not its network:
 they reach each other and nothing else (no default route, no NAT, no address outside this run;
 the host's own interfaces are never touched). Each node also gets its own hostname (node0, ...)
@@ -46,6 +47,7 @@ Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2's `ip` and `tc`.
 """
 import argparse
 import contextlib
+import fcntl
 import os
 import random
 import re
@@ -54,6 +56,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -70,6 +73,15 @@ _RATE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?)(bit|bps)?\s*$", re.IGNORECASE)
 # cutting packets (a 16-32 KB bucket cut them, and 16 nodes became CPU-bound: 61% of the link,
 # measured): 1 MiB then gains 5%, 4 MiB 1%.
 SCALING_RATE, SCALING_BURST = "100mbit", 70_000
+
+# Every node's TCP runs cubic, Linux's default, whatever the host's is. Some hosts run BBR,
+# which paces each connection at its own estimate of its share: when a rank sends to several
+# peers at once, or to a new partner each round, the link sat idle for 50-150 ms at a time
+# (measured, 8 nodes at 100 Mbit/s: naive's all-reduce of 1 MiB 1218-2238 ms with BBR,
+# 1217-1222 with cubic; halving-doubling's of 4 MiB at 4 nodes 631 ms median, 535 with cubic,
+# the link's 534). Cubic keeps the shaper's queue full: the link, not TCP, sets the pace.
+CONGESTION_CONTROL = "cubic"
+_CC = "net/ipv4/tcp_congestion_control"
 
 
 class ClusterError(RuntimeError):
@@ -150,6 +162,45 @@ def cleanup_stale():
     return removed
 
 
+def _read_sysctl(key, netns=None):
+    """A sysctl's value, in the host's namespace or in netns."""
+    if netns is None:
+        with open(f"/proc/sys/{key}") as f:
+            return f.read().strip()
+    return _sh("ip", "netns", "exec", netns, "cat", f"/proc/sys/{key}").stdout.strip()
+
+
+@contextlib.contextmanager
+def _new_namespaces_use(congestion):
+    """Namespaces made inside copy `congestion` as their TCP congestion control.
+
+    A new namespace starts with the host's default, and inside one only the host's "allowed"
+    algorithms can be set (cubic is not on every host): so the host's default is `congestion`
+    while they are made, and is put back at once (also on an error). None: the host's. A lock
+    file keeps two runs building at once from putting back each other's."""
+    if not congestion:
+        yield
+        return
+    with open(os.path.join(tempfile.gettempdir(), f"{PREFIX}-netns.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        old = _read_sysctl(_CC)
+        if old == congestion:
+            yield
+            return
+        available = _read_sysctl("net/ipv4/tcp_available_congestion_control").split()
+        if congestion not in available:
+            raise ClusterError(f"TCP congestion control {congestion!r} is not available on "
+                               f"this host (it has {', '.join(available)}); pass "
+                               "congestion_control=None to keep the host's")
+        with open(f"/proc/sys/{_CC}", "w") as f:
+            f.write(congestion)
+        try:
+            yield
+        finally:
+            with open(f"/proc/sys/{_CC}", "w") as f:
+                f.write(old)
+
+
 def _remove_netns(name):
     # Processes still inside keep a namespace (and its links) alive after its name is gone.
     pids = _sh("ip", "netns", "pids", name, check=False).stdout.split()
@@ -169,12 +220,14 @@ class Cluster:
     every namespace, link, qdisc and file it made, whatever happened inside.
     """
 
-    def __init__(self, nodes, rate=None, mtu=1500, burst=None):
+    def __init__(self, nodes, rate=None, mtu=1500, burst=None,
+                 congestion_control=CONGESTION_CONTROL):
         if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 250:
             raise ValueError(f"nodes must be a whole number from 1 to 250, got {nodes!r}")
         self.n, self.mtu = nodes, mtu
         self.rate_bits = None if rate is None else parse_rate(rate)
         self.rate, self.burst = rate, burst
+        self.congestion_control = congestion_control  # None: the host's
         pid = os.getpid()
         self.run_id = f"{PREFIX}{pid}"
         # A subnet per run (10.x.y.0/24 from the pid): no two live runs share one. They could
@@ -239,9 +292,17 @@ class Cluster:
         _raise_interrupt(signum, frame)  # not in a step, or a second signal: at once
 
     def _build(self):
-        for name in [self.switch] + self.netns:
-            _sh("ip", "netns", "add", name)
-            self._made.append(name)
+        with _new_namespaces_use(self.congestion_control):
+            for name in [self.switch] + self.netns:
+                _sh("ip", "netns", "add", name)
+                self._made.append(name)
+        if self.congestion_control:
+            for ns in self.netns:  # another run may have put the host's back in between
+                got = _read_sysctl(_CC, ns)
+                if got != self.congestion_control:
+                    raise ClusterError(f"node {self.netns.index(ns)}'s TCP congestion control "
+                                       f"is {got}, not {self.congestion_control}: was another "
+                                       "cluster being built at the same time? Run it again.")
         sw = self.switch
         _sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
         _sh("ip", "-n", sw, "link", "set", "br0", "up")
@@ -501,6 +562,9 @@ def main(argv=None):
                         help="each link's speed, e.g. 1gbit, 100mbit (default: unshaped)")
     parser.add_argument("--burst", type=int, default=None,
                         help="tbf's token bucket in bytes (default: 1 ms of the rate, >= 128 KiB)")
+    parser.add_argument("--congestion-control", default=CONGESTION_CONTROL,
+                        help=f"the nodes' TCP congestion control (default {CONGESTION_CONTROL}; "
+                             "'host': the host's)")
     parser.add_argument("--timeout", type=float, default=None, help="stop after this many seconds")
     parser.add_argument("--cleanup", action="store_true",
                         help="remove what killed (SIGKILL) runs left behind, then exit")
@@ -523,7 +587,8 @@ def main(argv=None):
         cmd = cmd[0]  # one string: the shell splits it and expands $NODE_RANK per node
     try:
         rate = args.rate and f"{parse_rate(args.rate):.0f}"
-        cluster = Cluster(args.nodes, args.rate, burst=args.burst)
+        cc = None if args.congestion_control == "host" else args.congestion_control
+        cluster = Cluster(args.nodes, args.rate, burst=args.burst, congestion_control=cc)
     except ValueError as e:
         parser.error(str(e))
     try:
