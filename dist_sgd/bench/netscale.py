@@ -52,13 +52,14 @@ def settings(quick):
     if quick:
         return {"nodes": (2, 4), "sizes": (4 * KiB, 64 * KiB, 1 * MiB),
                 "pp": {2: costmodel.shaped_link_sizes(quick=True), "other": (KiB, MiB)},
-                "cpu": ((64, 64 * KiB), 0.2), "repeats": lambda n: 2}
+                "cpu": ((64, 64 * KiB), 0.2, 1), "repeats": lambda n: 2}
     return {"nodes": (2, 4, 8, 16), "sizes": tuple(4 ** k * KiB for k in range(8)),
             # the fit's ping-pong in the 2-node cluster, 1 KiB .. 16 MiB; elsewhere a check
             # that the links are the same
             "pp": {2: (64,) + tuple(4 ** k * KiB for k in range(8)), "other": (KiB, 64 * KiB, MiB)},
-            # CPU seconds per message: ~1 s of swaps per size, with 2 nodes only
-            "cpu": ((64, 64 * KiB, MiB), 1.0),
+            # CPU seconds per message: ~1 s of swaps per size, three rounds (medians), with 2
+            # nodes only
+            "cpu": ((64, 64 * KiB, MiB), 1.0, 3),
             "repeats": lambda n: 9 if n <= 256 * KiB else (5 if n <= 4 * MiB else 3)}
 
 
@@ -120,7 +121,7 @@ def _rows(out):
                      "seconds": r["seconds"], "min": r["min"], "max": r["max"], "max_diff": ""})
     for r in out.get("cpu", []):  # seconds: CPU seconds per message (every core's busy time)
         rows.append({"part": "cpu", "nodes": p, "algorithm": "exchange", "bytes": r["bytes"],
-                     "seconds": r["seconds"], "min": "", "max": "", "max_diff": "",
+                     "seconds": r["seconds"], "min": r["min"], "max": r["max"], "max_diff": "",
                      "cores": out["cores"]})
     for (name, n), samples in out["all-reduce"].items():
         s = summarize(samples)

@@ -161,7 +161,7 @@ def _node_work(rank, world_size, quick):
     if world_size == 2:  # the links are alike at every node count: one fit, from 2 nodes
         out["ping-pong"] = ping_pong(list(costmodel.shaped_link_sizes(quick)), 5)
         out["cpu"] = exchange_cpu((64, 64 * KiB) + (() if quick else (MiB,)),
-                                  0.2 if quick else 1.0)
+                                  0.2 if quick else 1.0, rounds=1 if quick else 3)
     steps, out["params"] = _steps(rank, world_size, s["batch"])
     samples = time_alternating(steps, s["repeats"], warmup=3)
     out["sent"] = _sent(steps)
@@ -182,8 +182,8 @@ def _rows(out):
                      "detail": ""})
     for r in out.get("cpu", []):  # seconds: CPU seconds per message (every core's busy time)
         rows.append({"part": "cpu", "nodes": p, "name": "exchange", "bytes": r["bytes"],
-                     "seconds": r["seconds"], "min": "", "max": "", "batch": "", "detail": "",
-                     "cores": out["cores"]})
+                     "seconds": r["seconds"], "min": r["min"], "max": r["max"], "batch": "",
+                     "detail": "", "cores": out["cores"]})
     for name, samples in out["steps"].items():
         s = summarize(samples)
         part = "alone" if name in ALONE else "step"

@@ -8,6 +8,7 @@ unchanged), reused by lesson 04 and the benchmark. exchange_cpu measures the oth
 message: the CPU it burns (the cost model's share of the machine, dist_sgd.scale.costmodel).
 """
 import os
+import statistics
 import time
 
 import torch
@@ -93,26 +94,45 @@ def machine_cpu_seconds():
     return busy / os.sysconf("SC_CLK_TCK")
 
 
-def exchange_cpu(sizes_bytes, seconds=1.0):
+def exchange_cpu(sizes_bytes, seconds=1.0, rounds=1):
     """CPU seconds one message costs, for each size: ranks 0 and 1 swap n bytes (both send and
     receive at once, through the wire the all-reduces use) and add what arrived into their
     own, a step of the ring or of halving-doubling, for about `seconds` per size. Everything a
     message costs the machine counts: both processes, gloo's threads, the kernel's TCP, the
     shaper, waking up: the busy time of every core (machine_cpu_seconds) over the steps, per
-    message (two per step). Only a quiet machine gives the message's own cost. Call it on every
-    rank of a group of two or more (the others wait); returns on every rank one dict per size,
-    {"bytes", "seconds" (CPU seconds per message, less what the idle machine burns in as
-    long), "messages", "busy" (the cores' busy share while swapping)}, or [] where the
+    message (two per step). Only a quiet machine gives the message's own cost; `rounds` sweeps
+    of every size, one after another, give each size's median (the daemons of a shared machine
+    wake up when they like: one sweep's 64 B cost read 512-981 us in the same minute). Call it
+    on every rank of a group of two or more (the others wait); returns on every rank one dict
+    per size, {"bytes", "seconds" (CPU seconds per message, less what the idle machine burns
+    in as long; the median over the rounds), "min", "max" (over the rounds), "messages" (all
+    rounds'), "busy" (the cores' busy share while swapping, the median)}, or [] where the
     machine's busy time cannot be read."""
-    from dist_sgd.comm.wire import Link
-
     rank, size = dist.get_rank(), dist.get_world_size()
     if size < 2:
         raise ValueError(f"exchange_cpu needs a group of at least 2 ranks, this one has {size}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive whole number, got {rounds!r}")
     if machine_cpu_seconds() is None:
         return []
+    sizes = [int(v) for v in sizes_bytes]
+    sweeps = [_exchange_sweep(sizes, seconds, rank) for _ in range(rounds)]
     rows = []
-    for n in [int(v) for v in sizes_bytes]:
+    for i, n in enumerate(sizes):
+        per = [sweep[i] for sweep in sweeps]
+        rows.append({"bytes": n, "seconds": statistics.median(r["seconds"] for r in per),
+                     "min": min(r["seconds"] for r in per), "max": max(r["seconds"] for r in per),
+                     "messages": sum(r["messages"] for r in per),
+                     "busy": statistics.median(r["busy"] for r in per)})
+    return rows
+
+
+def _exchange_sweep(sizes, seconds, rank):
+    """exchange_cpu's one sweep: a dict per size, from one stretch of swaps each."""
+    from dist_sgd.comm.wire import Link
+
+    rows = []
+    for n in sizes:
         mine, theirs = torch.ones(max(n // 4, 1)), torch.empty(max(n // 4, 1))
 
         def swap(count):
