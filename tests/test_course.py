@@ -216,6 +216,26 @@ def test_a_deadlock_is_a_failed_check_naming_a_rank_not_a_hang(quick_timeouts):
     assert "post each receive before the send" in results[0].hints[0]
 
 
+def test_a_peer_that_gave_up_waiting_is_a_hang_not_the_pieces_error(tmp_path):
+    # In a deadlock the first rank's timeout makes gloo close the pair: a peer still waiting
+    # reads "Connection closed by peer" (measured: 2 s and 6 s timeouts on two ranks), which
+    # must read as the hang it is, with the hang's hint, however the timeouts race.
+    import torch.distributed as dist
+    impl = tmp_path / "closed.py"
+    impl.write_text("def ring_all_reduce(x):\n    raise RuntimeError('[gloo/transport/tcp/pair.cc"
+                    ":561] Connection closed by peer [127.0.0.1]:1. This is typically caused "
+                    "by a remote worker crashing.')\n")
+    grader = importlib.import_module(get("ring_all_reduce").grader).grader
+    title = next(iter(grader.cases))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        line, hints = grade._run_one(grader, title, 0, 1, ("file", str(impl)))
+    finally:
+        dist.destroy_process_group()
+    assert grade.NO_ANSWER in line and "rank 0" in line, line
+    assert hints == [grader.hang_hint], hints
+
+
 def test_select_takes_names_lesson_numbers_and_all():
     assert [e.name for e in select(["ring_all_reduce"])] == ["ring_all_reduce"]
     assert select(["4"]) == select(["04"]) == [e for e in EXERCISES if e.lesson == "04"]

@@ -274,7 +274,10 @@ def _run_one(grader, title, rank, world_size, impl):
     except Exception as error:  # noqa: BLE001 - the piece's own error: reported as a failure
         import traceback
         text = traceback.format_exc()
-        if _TIMED_OUT.search(text):  # a peer never answered: torch's timeout, raised here
+        # A peer never answered: torch's timeout, raised here; or a peer's timeout fired first
+        # and gloo closed the pair, so this rank, still waiting, reads the closed connection
+        # (the deadlock's doing, not the piece's own error).
+        if _TIMED_OUT.search(text) or _PEER_GONE.search(text):
             return f"{where}: {NO_ANSWER} a receive or collective timed out", [grader.hang_hint]
         return f"{where}: {_exception_line(text).split('; hint:')[0]}", _error_hints(grader, text)
     return None
@@ -321,6 +324,7 @@ class Result:
 
 
 _TIMED_OUT = re.compile(r"[Tt]imed? ?out|timeout")
+_PEER_GONE = re.compile(r"Connection (closed|reset) by peer")
 NO_ANSWER = "no answer within the time limit:"
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failure|Interrupt|Exit)\b.*")
 
