@@ -142,7 +142,8 @@ def measure(quick=False):
         out = pickle.load(f)
     rows = _rows(out)
     facts = (f"{machine_facts()}, {NODES} nodes (network namespaces) at {RATE}/s each way, "
-             f"load average {load[0]:.1f} at the start (other jobs on this machine)")
+             f"load average {load[0]:.1f} at the start, TCP {cluster.CONGESTION_CONTROL}"
+             + (" (other jobs on this machine)" if load[0] >= 1.5 else ""))
     write_csv(NAME, rows, facts)
     return rows
 
