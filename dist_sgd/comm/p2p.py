@@ -106,8 +106,8 @@ def exchange_cpu(sizes_bytes, seconds=1.0, rounds=1):
     on every rank of a group of two or more (the others wait); returns on every rank one dict
     per size, {"bytes", "seconds" (CPU seconds per message, less what the idle machine burns
     in as long; the median over the rounds), "min", "max" (over the rounds), "messages" (all
-    rounds'), "busy" (the cores' busy share while swapping, the median)}, or [] where the
-    machine's busy time cannot be read."""
+    rounds'), "busy" (the cores' busy share while swapping, the median), "rounds" (each
+    round's own dict)}, or [] where the machine's busy time cannot be read."""
     rank, size = dist.get_rank(), dist.get_world_size()
     if size < 2:
         raise ValueError(f"exchange_cpu needs a group of at least 2 ranks, this one has {size}")
@@ -123,7 +123,7 @@ def exchange_cpu(sizes_bytes, seconds=1.0, rounds=1):
         rows.append({"bytes": n, "seconds": statistics.median(r["seconds"] for r in per),
                      "min": min(r["seconds"] for r in per), "max": max(r["seconds"] for r in per),
                      "messages": sum(r["messages"] for r in per),
-                     "busy": statistics.median(r["busy"] for r in per)})
+                     "busy": statistics.median(r["busy"] for r in per), "rounds": per})
     return rows
 
 
