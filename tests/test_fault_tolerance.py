@@ -122,3 +122,30 @@ def test_two_restarts_with_a_late_rank_end_with_the_uninterrupted_hash(killed_tw
     assert digest == want, out[-3000:]
     assert out.count("final sha256") == 1, out[-3000:]  # each kill landed before the end
     assert out.count("(exitcode: -9)") == 2, out[-3000:]  # two workers killed, two restarts
+
+
+def test_the_progress_file_is_never_read_emptied(tmp_path):
+    # Lesson 17 reads the step while rank 0 rewrites it after every step: rewritten in place,
+    # a read could land between the truncate and the write and see step 0 (the lesson once
+    # counted -30 steps repeated from it).
+    import threading
+
+    from dist_sgd.faults.chaos import read_step, write_step
+    path = str(tmp_path / "progress")
+    write_step(path, 1)
+    seen, stop = [], threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            seen.append(read_step(path))
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for step in range(2, 3000):
+            write_step(path, step)
+    finally:
+        stop.set()
+        thread.join()
+    assert seen and min(seen) >= 1, f"read {seen.count(0)} of {len(seen)} times as step 0"
+    assert seen == sorted(seen), "a read went back in steps"
+    assert read_step(path) == 2999 and os.listdir(tmp_path) == ["progress"]

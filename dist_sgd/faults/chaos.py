@@ -60,9 +60,14 @@ def run_and_kill(cmd, progress_path, after_step, env=None, timeout=300):
 
 
 def write_step(path, step):
-    """Record how far a run got (after every step; only rank 0 writes): kill_a_worker reads it."""
+    """Record how far a run got (after every step; only rank 0 writes): kill_a_worker reads it.
+    Written beside the file and renamed over it: a reader never meets it emptied (truncated
+    in place, it read as step 0 while being rewritten, and lesson 17 once counted -30 steps
+    repeated)."""
     if rank() != 0:
         return
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
         f.write(str(step))
+    os.replace(tmp, path)
