@@ -54,7 +54,7 @@ from dist_sgd.scale.costmodel import fit_alpha_beta
 from dist_sgd.plumbing.launch import launch, lesson_parser
 from dist_sgd.plumbing.rank import device, log, rank_print
 from dist_sgd.comm.p2p import ping_pong
-from dist_sgd.course.mine import swap_in
+from dist_sgd.plumbing.mine import swap_in
 
 SIZES = [8 * 8 ** k for k in range(8)] + [64 * 2 ** 20]  # 8 B, 64 B, ..., 16 MiB, 64 MiB
 QUICK_SIZES = [8, 4096, 2 ** 18, 2 ** 22]
@@ -188,7 +188,8 @@ def run(rank, size, args):
     return rows
 
 
-swap_in(globals(), "ring_sum")  # DIST_SGD_MINE: a learner's version replaces this one
+# DIST_SGD_MINE: a learner's version replaces this one
+swap_in(globals(), "ring_sum", ("ring_sum",), lesson="02")
 
 
 def main():

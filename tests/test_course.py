@@ -17,7 +17,7 @@ import pytest
 from dist_sgd.course import grade
 from dist_sgd.course.__main__ import main as course_main
 from dist_sgd.course.exercises import EXERCISES, ROOT, get, select
-from dist_sgd.course.mine import MINE, ONLY, QUIET, load_file
+from dist_sgd.plumbing.mine import MINE, ONLY, QUIET, load_file
 from dist_sgd.course.skeleton import reference, skeleton
 from lesson_runner import run_lesson
 
@@ -161,7 +161,14 @@ def test_the_skeleton_keeps_names_and_blanks_every_region(exercise):
         assert caught_by(m) in cases(exercise), (m, caught_by(m), list(cases(exercise)))
     with open(exercise.source_path) as f:
         source = f.read()
-    assert f'swap_in(globals(), "{exercise.name}")' in source, "the switch at the module's end"
+    calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
+             and getattr(n.func, "id", "") == "swap_in" and len(n.args) >= 3
+             and ast.literal_eval(n.args[1]) == exercise.name]
+    assert len(calls) == 1, "the switch at the module's end, naming what it replaces"
+    offered = ast.literal_eval(calls[0].args[2])
+    lesson = {k.arg: ast.literal_eval(k.value) for k in calls[0].keywords}.get("lesson")
+    assert (tuple(offered), lesson) == (exercise.symbols, exercise.lesson), \
+        "the module and the registry name the same symbols and lesson"
     if exercise.lesson_file:
         with open(os.path.join(ROOT, exercise.lesson_file)) as f:
             assert f"course start {exercise.name}" in f.read(), "the lesson's exercises name it"

@@ -14,7 +14,7 @@ import pytest
 
 from dist_sgd.course import grade
 from dist_sgd.course.exercises import EXERCISES
-from dist_sgd.course.mine import MINE
+from dist_sgd.plumbing.mine import MINE
 from dist_sgd.course.skeleton import reference
 
 

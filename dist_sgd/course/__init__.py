@@ -3,7 +3,6 @@
     __main__    python3 -m dist_sgd.course: list, start, check [--watch], hint, progress
     exercises   the registry: every exercise, its lesson, what the learner writes, its hints
     skeleton    the learner's file, generated from the reference's marked region
-    mine        DIST_SGD_MINE=DIR: the learner's code where the library's piece was
     grade       cases run inside spawned ranks, each failure one line to act on
     graders/    one grader per exercise, named as the exercise
 """

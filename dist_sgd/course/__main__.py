@@ -18,7 +18,7 @@ import sys
 import time
 
 from dist_sgd.course.exercises import EXERCISES, ROOT, select
-from dist_sgd.course.mine import MINE, ONLY, QUIET
+from dist_sgd.plumbing.mine import MINE, ONLY, QUIET
 from dist_sgd.course.skeleton import skeleton
 
 STATE = ".progress.json"

@@ -33,7 +33,7 @@ import types
 from dataclasses import dataclass, field
 
 from dist_sgd.course.exercises import get
-from dist_sgd.course.mine import MINE, ONLY, load_file
+from dist_sgd.plumbing.mine import MINE, ONLY, load_file
 
 OPERATION_TIMEOUT = float(os.environ.get("DIST_SGD_COURSE_TIMEOUT", 10))  # seconds per operation
 CASE_DEADLINE = 3 * OPERATION_TIMEOUT  # seconds for one (case, world size), spawn included

@@ -50,7 +50,7 @@ def _imports(tree, used):
             keep = [a for a in node.names if (a.asname or a.name.split(".")[0]) in used]
             if keep:
                 lines.append(ast.unparse(ast.Import(names=keep)))
-        elif isinstance(node, ast.ImportFrom) and node.module != "dist_sgd.course.mine":
+        elif isinstance(node, ast.ImportFrom) and node.module != "dist_sgd.plumbing.mine":
             keep = [a for a in node.names if (a.asname or a.name) in used]
             if keep:
                 lines.append(ast.unparse(ast.ImportFrom(module=node.module, names=keep,

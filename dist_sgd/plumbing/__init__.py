@@ -6,4 +6,5 @@
     check       max_diff and the check line every lesson prints
     timing      time_alternating: A B A B ..., medians, the slowest rank per sample
     figures     the figures' CSVs (read, write, where)
+    mine        DIST_SGD_MINE=DIR: a learner's file where the library's piece was (swap_in)
 """

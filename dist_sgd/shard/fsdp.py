@@ -71,7 +71,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from dist_sgd.comm import collectives as ours
 from dist_sgd.comm.counted import Counted
-from dist_sgd.course.mine import swap_in
+from dist_sgd.plumbing.mine import swap_in
 from dist_sgd.ddp.hooks import call_when_backward_ends
 from dist_sgd.faults import fsdp_checkpoint
 from dist_sgd.plumbing.rank import world
@@ -584,4 +584,5 @@ class FullyShardedDataParallel(nn.Module):
         return fsdp_checkpoint.load_full_state_dict(self, state_dict, strict)
 
 
-swap_in(globals(), "fsdp_unit")  # DIST_SGD_MINE: a learner's version replaces this one
+# DIST_SGD_MINE: a learner's version replaces this one
+swap_in(globals(), "fsdp_unit", ("_Unit",), lesson="16")

@@ -1,8 +1,8 @@
 """The switch that puts a learner's code where the library's piece was: DIST_SGD_MINE=DIR.
 
-A module that holds an exercise ends with
+A module that holds an exercise ends with the names it offers a learner to replace:
 
-    swap_in(globals(), "average_gradients")
+    swap_in(globals(), "average_gradients", ("average_gradients",), lesson="06")
 
 Without DIST_SGD_MINE this does nothing. With DIST_SGD_MINE=DIR (the course command sets it,
 and so can you: `DIST_SGD_MINE=mine python3 lessons/06_distributed_sgd.py`), when DIR holds
@@ -13,7 +13,9 @@ variable). Each process that swaps says so once, on stderr. DIST_SGD_MINE_ONLY=a
 swap to those exercises (names or lesson numbers): `course check` grades one piece at a time
 while the rest stay the library's.
 
-This module imports nothing of torch or dist_sgd: every module with an exercise imports it.
+This module imports nothing of torch or dist_sgd: every module with an exercise imports it, at
+the ground floor. The course's registry (dist_sgd/course/exercises.py) lists the same names and
+lessons; tests/test_course.py checks that the two agree.
 """
 import importlib.util
 import os
@@ -59,28 +61,26 @@ def _who():
     return f"[rank {rank}] " if rank is not None else ""
 
 
-def swap_in(namespace, name):
-    """Replace exercise `name`'s symbols in `namespace` (a module's globals()) by the learner's,
-    when the switch is on and the learner's file exists. Returns the learner's module or None."""
+def swap_in(namespace, name, symbols, lesson=None):
+    """Replace `symbols` in `namespace` (a module's globals()) by the learner's, when the switch
+    is on, exercise `name` is selected (by name, or by `lesson`'s number) and DIR/<name>.py
+    exists. Returns the learner's module or None."""
     folder = learner_dir()
     if folder is None:
         return None
-    from dist_sgd.course.exercises import get  # the registry; imported only when switched on
-
-    exercise = get(name)
-    path = os.path.join(folder, exercise.filename)
-    if not (selected(exercise.name, exercise.lesson) and os.path.exists(path)):
+    path = os.path.join(folder, name + ".py")
+    if not (selected(name, lesson) and os.path.exists(path)):
         return None
-    module = load_file(path, "dist_sgd_mine_" + exercise.name)
-    missing = [s for s in exercise.symbols if not hasattr(module, s)]
+    module = load_file(path, "dist_sgd_mine_" + name)
+    missing = [s for s in symbols if not hasattr(module, s)]
     if missing:
         raise ImportError(f"{path} must define {', '.join(missing)} (the names the exercise "
                           f"replaces); `python3 -m dist_sgd.course start {name}` writes them")
-    for symbol in exercise.symbols:
+    for symbol in symbols:
         namespace[symbol] = getattr(module, symbol)
     if (name, os.getpid()) not in _announced and not os.environ.get(QUIET):
         _announced.add((name, os.getpid()))
         shown = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
-        print(f"{_who()}using {', '.join(exercise.symbols)} from {shown} (process {os.getpid()})",
+        print(f"{_who()}using {', '.join(symbols)} from {shown} (process {os.getpid()})",
               file=sys.stderr, flush=True)
     return module
