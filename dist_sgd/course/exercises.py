@@ -207,20 +207,23 @@ EXERCISES = tuple(sorted((
          "(buffer.copy_ casts float16 back to the bucket's dtype) and returns buffer."),
         world_sizes=(1, 2, 3)),
     Exercise(
-        "powerSGD_hook", "12", "dist_sgd.ddp.compress", ("powerSGD_hook", "_power_sgd"),
+        "powerSGD_hook", "12", "dist_sgd.ddp.compress",
+        ("powerSGD_hook", "_power_sgd", "add_error_feedback", "compute_p", "compute_q",
+         "decompress", "keep_residual"),
         "PowerSGD's arithmetic with error feedback: each gradient matrix M sent as P = M Q and "
         "Q = M^T P (rank r), M rebuilt as P Q^T, what that drops kept for the next step",
-        ("Error feedback, before compressing: add state.error_dict[index] (last step's "
-         "residual) into the buffer, or create it as zeros the first time; then remember the "
-         "buffer as it is now (before), to measure at the end what compression dropped.",
-         "P = M Q for each matrix with its Q: p.copy_(mat @ q). The P's are then summed over "
-         "the ranks (the code below does it): summing is linear, so every rank gets the "
-         "projection of the summed gradient.",
-         "Once the P's are summed: orthogonalize(p, state.orthogonalization_epsilon) for each, "
-         "then q.copy_(mat.t() @ p). Orthogonalizing is not linear: it must come after the sum.",
-         "After the Q's are summed: q_flat.div_(world_size); mat = P Q^T "
-         "(torch.matmul(p, q.t(), out=mat)); with error feedback, error_dict[index] = before - "
-         "buffer (this rank's gradient minus what the ranks agreed on)."),
+        ("Five small steps, each its own function; _power_sgd chains them on the all-reduces. "
+         "add_error_feedback: add state.error_dict[index] (last step's residual) into the "
+         "buffer, or create it as zeros the first time; return a copy of the buffer as it is "
+         "now (before), to measure at the end what compression dropped.",
+         "compute_p: P = M Q for each matrix with its Q: p.copy_(mat @ q). The P's are then "
+         "summed over the ranks (_power_sgd does it): summing is linear, so every rank gets "
+         "the projection of the summed gradient.",
+         "compute_q, once the P's are summed: orthogonalize(p, epsilon) for each, then "
+         "q.copy_(mat.t() @ p). Orthogonalizing is not linear: it must come after the sum.",
+         "decompress, after the Q's are summed: q_flat.div_(world_size); then "
+         "torch.matmul(p, q.t(), out=mat). keep_residual: state.error_dict[index] = before - "
+         "buffer (this rank's gradient minus what the ranks agreed on), in place."),
         world_sizes=(1, 2, 3)),
     Exercise(
         "ShardedOptimizer", "13", "dist_sgd.shard.zero", ("ShardedOptimizer",),

@@ -158,6 +158,7 @@ def powerSGD_hook(state, bucket):
 
 
 def _power_sgd(state, bucket):
+    """The steps of one bucket, chained on its three all-reduces (each step is named below)."""
     group = _group(state.process_group)
     world_size = group.size()
     buffer = bucket.buffer()  # the bucket's gradients, flat; bucket.gradients() are views of it
@@ -166,20 +167,61 @@ def _power_sgd(state, bucket):
         return allreduce_hook(group, bucket)
 
     index = bucket.index()
-    before = None
+    before = add_error_feedback(state, index, buffer)
+    matrices, vectors = split_matrices(state, bucket)
+    p_flat, q_flat, ps, qs = start_q(state, index, matrices, buffer)
+    compute_p(matrices, qs, ps)
+
+    flat_vectors = torch.cat([v.view(-1) for v in vectors]) if vectors else buffer.new_empty(0)
+    vectors_summed = dist.all_reduce(flat_vectors, group=group, async_op=True).get_future()
+    # Sum (not average) of the P's: P is orthogonalized next, which undoes any scale.
+    ps_summed = dist.all_reduce(p_flat, group=group, async_op=True).get_future()
+    result = torch.futures.Future()
+
+    def ps_summed_then_qs():
+        compute_q(matrices, ps, qs, state.orthogonalization_epsilon)
+        qs_summed = dist.all_reduce(q_flat, group=group, async_op=True).get_future()
+        torch.futures.collect_all([vectors_summed, qs_summed]).add_done_callback(
+            _completing(result, qs_summed_then_decompress))
+
+    def qs_summed_then_decompress():
+        copy_back(flat_vectors.div_(world_size), vectors)
+        decompress(matrices, ps, qs, q_flat, world_size)
+        if state.use_error_feedback:
+            keep_residual(state, index, before, buffer)
+        if not state.warm_start:
+            state.p_memory_dict.clear()
+            state.q_memory_dict.clear()
+        state.maybe_increase_iter(bucket)
+        return buffer
+
+    ps_summed.add_done_callback(_completing(result, ps_summed_then_qs, last=False))
+    return result
+
+
+# ---- PowerSGD's steps, in the order _power_sgd takes them ----------------------------------
+
+def add_error_feedback(state, index, buffer):
+    """Error feedback, before compressing: add into `buffer` (bucket `index`'s flat gradient)
+    what compression dropped from it last step, state.error_dict[index] (zeros the first time,
+    created here). Returns the gradient as it is now, before compression (a buffer kept per
+    bucket in state.before_dict), for keep_residual at the end; None without error feedback."""
+    if not state.use_error_feedback:
+        return None
     # ---- exercise powerSGD_hook: error feedback: add last step's residual, keep the gradient
-    if state.use_error_feedback:
-        if index in state.error_dict:
-            buffer.add_(state.error_dict[index])  # what we failed to send last step
-        else:
-            state.error_dict[index] = torch.zeros_like(buffer)
-        # The gradient before compression, to measure at the end what compression dropped: in
-        # a buffer kept per bucket (a fresh 4.6 MiB each step costs page faults, a copy less).
-        before = state.before_dict.setdefault(index, torch.empty_like(buffer)).copy_(buffer)
+    if index in state.error_dict:
+        buffer.add_(state.error_dict[index])  # what we failed to send last step
+    else:
+        state.error_dict[index] = torch.zeros_like(buffer)
+    # A buffer kept per bucket: a fresh 4.6 MiB each step costs page faults, a copy less.
+    return state.before_dict.setdefault(index, torch.empty_like(buffer)).copy_(buffer)
     # ---- end of exercise
 
-    # Which gradients to compress: every one is seen as a matrix (rows = first dim). 1-D ones
-    # (biases) never pay: (n + 1) r * 2 > n. They go as they are, in one all-reduce.
+
+def split_matrices(state, bucket):
+    """(matrices worth compressing, gradients sent as they are) of the bucket, every gradient
+    seen as a matrix (rows = its first dim); counts the values before and after compression."""
+    # 1-D gradients (biases) never pay: (n + 1) r * 2 > n. They go as they are.
     matrices, vectors = [], []
     for grad in bucket.gradients():
         matrix = grad.view(grad.shape[0] if grad.dim() else 1, -1)
@@ -194,10 +236,14 @@ def _power_sgd(state, bucket):
     by_shape = defaultdict(list)
     for matrix in matrices:
         by_shape[matrix.shape].append(matrix)
-    matrices = [mat for same in by_shape.values() for mat in same]
-    ranks = [min(*mat.shape, state.matrix_approximation_rank) for mat in matrices]
+    return [mat for same in by_shape.values() for mat in same], vectors
 
-    # All P's in one flat tensor, all Q's in another: one all-reduce each, not one per matrix.
+
+def start_q(state, index, matrices, buffer):
+    """Every P and Q of the bucket, as one flat tensor each (one all-reduce each) and their
+    views (n x r and m x r per matrix): (p_flat, q_flat, ps, qs). Each Q orthogonalized, ready
+    for P = M Q: last step's (warm start) or a random one, the same on every rank."""
+    ranks = [min(*mat.shape, state.matrix_approximation_rank) for mat in matrices]
     fresh_q = not state.warm_start or index not in state.p_memory_dict
     if fresh_q:
         state.p_memory_dict[index] = buffer.new_empty(sum(m.shape[0] * r
@@ -207,7 +253,6 @@ def _power_sgd(state, bucket):
     p_flat, q_flat = state.p_memory_dict[index], state.q_memory_dict[index]
     ps = views(p_flat, [(m.shape[0], r) for m, r in zip(matrices, ranks)])
     qs = views(q_flat, [(m.shape[1], r) for m, r in zip(matrices, ranks)])
-
     if fresh_q:
         # A random start, the same on every rank: seed from the shared generator, on the CPU,
         # without disturbing the training's own random stream (dropout, shuffling).
@@ -215,59 +260,54 @@ def _power_sgd(state, bucket):
             torch.manual_seed(state.rng.randint(1_000_000_000))
             for q in qs:
                 q.copy_(torch.randn(*q.shape, dtype=buffer.dtype))
-                orthogonalize(q, state.orthogonalization_epsilon)
-    else:
-        for q in qs:  # last step's Q, averaged: a better start than a random one
-            orthogonalize(q, state.orthogonalization_epsilon)
+    for q in qs:  # a warm start: last step's Q, averaged: a better start than a random one
+        orthogonalize(q, state.orthogonalization_epsilon)
+    return p_flat, q_flat, ps, qs
 
-    # P = M Q: this rank's M projected on Q, computed as (Q^T M^T)^T. The same sums; a CPU
-    # then walks M and Q along their rows (~5x faster than M Q for fc1 here). torch's hook
-    # multiplies as written: the last bits can differ (tests: equal within float32 rounding).
+
+def compute_p(matrices, qs, ps):
+    """P = M Q for every matrix M (n x m) and its Q (m x r), into its P (n x r), in place."""
+    # Computed as (Q^T M^T)^T: the same sums; a CPU then walks M and Q along their rows (~5x
+    # faster than M Q for fc1 here). torch's hook multiplies as written: the last bits can
+    # differ (tests: equal within float32 rounding).
     # ---- exercise powerSGD_hook: P = M Q for every matrix M and its Q
     for mat, q, p in zip(matrices, qs, ps):
         p.copy_(torch.matmul(q.t(), mat.t()).t())
     # ---- end of exercise
 
-    flat_vectors = torch.cat([v.view(-1) for v in vectors]) if vectors else buffer.new_empty(0)
-    vectors_summed = dist.all_reduce(flat_vectors, group=group, async_op=True).get_future()
-    # Sum (not average) of the P's: P is orthogonalized next, which undoes any scale.
-    ps_summed = dist.all_reduce(p_flat, group=group, async_op=True).get_future()
-    result = torch.futures.Future()
 
-    def ps_done_send_qs():
-        # ---- exercise powerSGD_hook: orthogonalize each summed P, then Q = M^T P
-        for mat, p, q in zip(matrices, ps, qs):
-            orthogonalize(p, state.orthogonalization_epsilon)
-            # Q = M^T P (one P everywhere: summable), computed as (P^T M)^T: the same sums,
-            # M read row by row instead of down its columns (~20x faster for fc1 here).
-            q.copy_(torch.matmul(p.t(), mat).t())
-        # ---- end of exercise
-        qs_summed = dist.all_reduce(q_flat, group=group, async_op=True).get_future()
-        torch.futures.collect_all([vectors_summed, qs_summed]).add_done_callback(
-            _completing(result, decompress))
+def compute_q(matrices, ps, qs, epsilon):
+    """Once the P's are summed over the ranks: orthogonalize each P (orthogonalize(p,
+    epsilon)), then Q = M^T P into its Q, in place (one P on every rank: the Q's are summable)."""
+    # ---- exercise powerSGD_hook: orthogonalize each summed P, then Q = M^T P
+    for mat, p, q in zip(matrices, ps, qs):
+        orthogonalize(p, epsilon)
+        # Computed as (P^T M)^T: the same sums, M read row by row instead of down its columns
+        # (~20x faster for fc1 here).
+        q.copy_(torch.matmul(p.t(), mat).t())
+    # ---- end of exercise
 
-    def decompress():
-        copy_back(flat_vectors.div_(world_size), vectors)
-        # ---- exercise powerSGD_hook: M = P Q^T (Q averaged) into the bucket; keep the residual
-        q_flat.div_(world_size)  # Q was summed over ranks: average it
-        for mat, p, q in zip(matrices, ps, qs):
-            torch.matmul(p, q.t(), out=mat)  # M ~ P Q^T, straight into the bucket
-        if torch.cuda.is_available():
-            torch.cuda.synchronize(buffer.device)  # P Q^T must be done before we read it back
-        if state.use_error_feedback:
-            # This rank's gradient minus what the ranks agreed on. For the plain vectors that is
-            # (local - average), which sums to zero over ranks and so cancels next step: torch
-            # keeps it too, and so do we, to stay equal to torch step for step.
-            torch.sub(before, buffer, out=state.error_dict[index])
-        # ---- end of exercise
-        if not state.warm_start:
-            state.p_memory_dict.clear()
-            state.q_memory_dict.clear()
-        state.maybe_increase_iter(bucket)
-        return buffer
 
-    ps_summed.add_done_callback(_completing(result, ps_done_send_qs, last=False))
-    return result
+def decompress(matrices, ps, qs, q_flat, world_size):
+    """Once the Q's are summed (q_flat, the flat tensor qs are views of): average them, then
+    write M ~ P Q^T into each matrix, which is a view of the bucket."""
+    # ---- exercise powerSGD_hook: average the summed Q's, then M = P Q^T into the bucket
+    q_flat.div_(world_size)  # Q was summed over ranks: average it
+    for mat, p, q in zip(matrices, ps, qs):
+        torch.matmul(p, q.t(), out=mat)  # M ~ P Q^T, straight into the bucket
+    # ---- end of exercise
+    if torch.cuda.is_available() and q_flat.is_cuda:
+        torch.cuda.synchronize(q_flat.device)  # P Q^T must be done before it is read back
+
+
+def keep_residual(state, index, before, buffer):
+    """Error feedback, after decompressing: keep in state.error_dict[index] what compression
+    dropped, this rank's gradient (before) minus what the ranks agreed on (buffer)."""
+    # ---- exercise powerSGD_hook: keep the residual for the next step
+    # For the plain vectors that is (local - average), which sums to zero over ranks and so
+    # cancels next step: torch keeps it too, and so do we, to stay equal to torch step for step.
+    torch.sub(before, buffer, out=state.error_dict[index])
+    # ---- end of exercise
 
 
 def _completing(result, step, last=True):
@@ -323,4 +363,6 @@ def values_sent(shapes, scheme, rank=1, min_compression_rate=2):
 # DIST_SGD_MINE: a learner's version replaces this one
 swap_in(globals(), "fp16_compress_hook", ("fp16_compress_hook",), lesson="12")
 # DIST_SGD_MINE: a learner's version replaces this one
-swap_in(globals(), "powerSGD_hook", ("powerSGD_hook", "_power_sgd"), lesson="12")
+swap_in(globals(), "powerSGD_hook", ("powerSGD_hook", "_power_sgd", "add_error_feedback",
+                                     "compute_p", "compute_q", "decompress", "keep_residual"),
+        lesson="12")
