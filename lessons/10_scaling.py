@@ -52,9 +52,9 @@ import torch.nn.functional as F
 from dist_sgd.comm.collectives import ALL_REDUCE_ALGORITHMS, all_reduce
 from dist_sgd.comm.p2p import ping_pong
 from dist_sgd.plumbing.check import check, max_diff
-from dist_sgd.plumbing.figures import (MODEL_OF, NETACCURACY_TARGET, crossover_words,
-                                       netaccuracy_summary, netscale_summary, nettrain_efficiency,
-                                       read_csv)
+from dist_sgd.plumbing.figures import read_csv
+from dist_sgd.scale.summaries import (MODEL_OF, NETACCURACY_TARGET, crossover_words,
+                                      netaccuracy_summary, netscale_summary, nettrain_efficiency)
 from dist_sgd.plumbing.launch import launch, lesson_parser
 from dist_sgd.plumbing.rank import log, under_torchrun
 from dist_sgd.plumbing.timing import summarize, time_alternating

@@ -64,7 +64,8 @@ from dist_sgd.ddp import compress
 from dist_sgd.ddp.ddp import DistributedDataParallel
 from dist_sgd.ddp.grad_bucket import GradBucket
 from dist_sgd.plumbing.check import check, max_diff
-from dist_sgd.plumbing.figures import COMPRESS_LINK, compress_link, compress_link_lines, read_csv
+from dist_sgd.plumbing.figures import read_csv
+from dist_sgd.scale.summaries import COMPRESS_LINK, compress_link, compress_link_lines
 from dist_sgd.plumbing.launch import launch, lesson_parser
 from dist_sgd.plumbing.rank import log
 from dist_sgd.scale.costmodel import human_bytes, link, predict_compressed_step
@@ -173,9 +174,9 @@ def report(r):
         f"compute {compute * 1e3:.1f} ms (32 samples, here) ---")
     for gbit, latency_us in ((1, 50), (10, 25)):
         alpha, beta = link(gbit, latency_us)
-        cells = [(s, predict_compressed_step(compute, big, p, "powerSGD" if k else s,
-                                             alpha, beta, k or 1))
-                 for s, k in SCHEMES.items()]
+        cells = [(s, predict_compressed_step(
+                     compute, compress.values_sent(big, "powerSGD" if k else s, k or 1), p,
+                     alpha, beta)) for s, k in SCHEMES.items()]
         log(f"  {gbit:2d} Gbit/s: " + ", ".join(f"{s} {1e3 * t:.1f} ms" for s, t in cells))
 
     log("\n--- 5. checks: our hooks vs torch's, the same gradients ---")

@@ -63,7 +63,8 @@ from dist_sgd.plumbing.launch import launch, lesson_parser
 from dist_sgd.plumbing.rank import log, under_torchrun
 from dist_sgd.sgd.sync import average_gradients
 from dist_sgd.plumbing.timing import summarize, time_alternating
-from dist_sgd.shard.zero import ShardedOptimizer, wire_bytes
+from dist_sgd.shard.zero import ShardedOptimizer
+from dist_sgd.comm.counted import wire_bytes
 
 LR, STEPS = 1e-3, 3
 

@@ -278,14 +278,15 @@ def test_cost_model_with_compression():
     shapes = [p.shape for p in Model().parameters()]
     total = sum(v for v, _ in compress.values_sent(shapes, "none"))
     alpha, beta = link(1, 50)
-    plain = predict_compressed_step(0.01, shapes, 4, "none", alpha, beta)
+    sent = compress.values_sent
+    plain = predict_compressed_step(0.01, sent(shapes, "none"), 4, alpha, beta)
     assert plain == pytest.approx(predict_step(0.01, 4 * total, 4, "ring", alpha, beta)[0])
-    latency = [predict_compressed_step(0.01, shapes, 4, scheme, alpha, 0.0, rank=2) - 0.01
+    latency = [predict_compressed_step(0.01, sent(shapes, scheme, rank=2), 4, alpha, 0) - 0.01
                for scheme in ("none", "powerSGD")]
     assert latency[1] == pytest.approx(3 * latency[0])
     big = [(2048, 2048)]  # 16 MiB as 16 KiB of P and Q: fewer bytes pay for two more latencies
-    assert predict_compressed_step(0.01, big, 4, "powerSGD", alpha, beta, 2) < \
-        predict_compressed_step(0.01, big, 4, "none", alpha, beta)
+    assert predict_compressed_step(0.01, sent(big, "powerSGD", 2), 4, alpha, beta) < \
+        predict_compressed_step(0.01, sent(big, "none"), 4, alpha, beta)
 
 
 def test_bad_settings_are_refused():
@@ -302,7 +303,7 @@ def test_the_2_node_link_benchmark():
     """The benchmark's link part (lesson 12 prints its committed rows), tiny: every row there,
     ratios that can be computed, bytes as counted, nothing left behind. Skips without root."""
     from dist_sgd.bench import compress as bench
-    from dist_sgd.plumbing.figures import COMPRESS_LINK
+    from dist_sgd.scale.summaries import COMPRESS_LINK
     from dist_sgd.scale import cluster
 
     if problem := cluster.privilege_problem():

@@ -17,13 +17,12 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
+from dist_sgd.comm.counted import Counted, wire_bytes
 from dist_sgd.ddp.ddp import DistributedDataParallel
-from dist_sgd.faults.fsdp_checkpoint import full_optim_state_dict, load_full_optim_state_dict
 from dist_sgd.plumbing.launch import launch
 from dist_sgd.sgd.optim import SGD
 from dist_sgd.shard.fsdp import FullyShardedDataParallel
-from dist_sgd.comm.counted import Counted
-from dist_sgd.shard.zero import wire_bytes
+from dist_sgd.shard.fsdp_io import full_optim_state_dict, load_full_optim_state_dict
 
 STEPS, BATCH = 3, 4  # per rank
 OPTIMIZERS = {"SGD momentum": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}),

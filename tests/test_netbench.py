@@ -12,11 +12,12 @@ import os
 import pytest
 
 from dist_sgd.bench import netaccuracy, netscale, nettrain, nodes
-from dist_sgd.plumbing.figures import (MODEL_OF, NETACCURACY_TARGET, cpu_share, crossover_words,
-                                       netaccuracy_summary, netscale_summary, netscale_with_model,
-                                       nettrain_efficiency, read_csv, write_csv)
+from dist_sgd.plumbing.figures import read_csv, write_csv
 from dist_sgd.plumbing.launch import launch
 from dist_sgd.scale import cluster, costmodel
+from dist_sgd.scale.summaries import (MODEL_OF, NETACCURACY_TARGET, cpu_share, crossover_words,
+                                      netaccuracy_summary, netscale_summary, netscale_with_model,
+                                      nettrain_efficiency)
 from dist_sgd.sgd import data
 
 KiB, MiB = 2 ** 10, 2 ** 20

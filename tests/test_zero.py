@@ -19,11 +19,12 @@ import torch.nn.functional as F
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from dist_sgd.comm import collectives
+from dist_sgd.comm.counted import wire_bytes
 from dist_sgd.ddp.ddp import DistributedDataParallel
 from dist_sgd.plumbing.launch import launch
 from dist_sgd.sgd.optim import SGD
 from dist_sgd.sgd.sync import average_gradients
-from dist_sgd.shard.zero import ShardedOptimizer, partition, wire_bytes
+from dist_sgd.shard.zero import ShardedOptimizer, partition
 
 STEPS, ADD_AT, MORE_STEPS = 4, 2, 2
 OPTIMIZERS = {

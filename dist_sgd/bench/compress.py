@@ -40,12 +40,12 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 from dist_sgd.bench.steps import ONE_BUCKET
 from dist_sgd.ddp import compress
 from dist_sgd.ddp.ddp import DistributedDataParallel
-from dist_sgd.plumbing.figures import (COMPRESS_LINK, compress_link, compress_link_lines,
-                                       machine_facts, read_csv, write_csv)
+from dist_sgd.plumbing.figures import machine_facts, read_csv, write_csv
 from dist_sgd.plumbing.launch import launch
 from dist_sgd.plumbing.timing import summarize, time_alternating
 from dist_sgd.scale import cluster
 from dist_sgd.scale.costmodel import human_bytes
+from dist_sgd.scale.summaries import COMPRESS_LINK, compress_link, compress_link_lines
 from dist_sgd.sgd.models import BigNet, Net, init_weights
 
 NAME = "compress"

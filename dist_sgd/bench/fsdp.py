@@ -165,7 +165,7 @@ def _full(model):
 
 def _link_worker(rank, world_size, quick):
     from dist_sgd.plumbing.check import max_diff
-    from dist_sgd.shard.zero import wire_bytes
+    from dist_sgd.comm.counted import wire_bytes
 
     gen = torch.Generator().manual_seed(rank)
     nets, opts = _link_models()

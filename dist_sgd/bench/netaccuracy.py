@@ -35,9 +35,9 @@ import torch.nn.functional as F
 
 from dist_sgd.bench import nodes
 from dist_sgd.bench.common import Skip, measured_as_root
-from dist_sgd.plumbing.figures import (NETACCURACY_TARGET, machine_facts,
-                                       netaccuracy_summary, write_csv)
+from dist_sgd.plumbing.figures import machine_facts, write_csv
 from dist_sgd.scale import cluster
+from dist_sgd.scale.summaries import NETACCURACY_TARGET, netaccuracy_summary
 from dist_sgd.sgd.data import LABELS, DatasetNotFound, get_dataset
 
 NAME = "netaccuracy"

@@ -34,11 +34,11 @@ import torch.distributed as dist
 
 from dist_sgd.bench import nodes
 from dist_sgd.bench.common import measured_as_root
-from dist_sgd.plumbing.figures import (crossover_words, machine_facts, netscale_fit,
-                                       netscale_summary, netscale_table, netscale_with_model,
-                                       write_csv)
+from dist_sgd.plumbing.figures import machine_facts, write_csv
 from dist_sgd.plumbing.timing import summarize, time_alternating
 from dist_sgd.scale import cluster, costmodel
+from dist_sgd.scale.summaries import (crossover_words, netscale_fit, netscale_summary,
+                                      netscale_table, netscale_with_model)
 
 NAME = "netscale"
 KiB, MiB = 2 ** 10, 2 ** 20

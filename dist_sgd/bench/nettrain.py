@@ -42,10 +42,10 @@ import torch.distributed as dist
 
 from dist_sgd.bench import nodes
 from dist_sgd.bench.common import measured_as_root
-from dist_sgd.plumbing.figures import (cpu_share, machine_facts, nettrain_efficiency,
-                                       nettrain_table, write_csv)
+from dist_sgd.plumbing.figures import machine_facts, write_csv
 from dist_sgd.plumbing.timing import summarize, time_alternating
 from dist_sgd.scale import cluster, costmodel
+from dist_sgd.scale.summaries import cpu_share, nettrain_efficiency, nettrain_table
 
 NAME = "nettrain"
 KiB, MiB = 2 ** 10, 2 ** 20

@@ -5,7 +5,7 @@ At world sizes 2, 3 and 4, with Adam, for two models:
   "BigNet": pytorch/examples' convnet, one layer of which holds 98% of the parameters: whole-
       parameter shards cannot balance (the imbalance is the point of this row).
 Counted exactly: the optimizer state each rank holds (tensor bytes) against the plain
-optimizer's / p, and the bytes each scheme sends per step (dist_sgd.shard.zero.wire_bytes of the
+optimizer's / p, and the bytes each scheme sends per step (dist_sgd.comm.counted.wire_bytes of the
 collectives it called) against plain data parallelism's one all-reduce. Timed, alternated
 (A B C D ...), medians of the slowest rank: one step with the gradients already there
 (gradient all-reduce + Adam + sharing the parameters) for plain Adam, torch's
@@ -16,12 +16,13 @@ import torch
 import torch.nn as nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from dist_sgd.comm.counted import wire_bytes
 from dist_sgd.plumbing.figures import read_csv, write_csv
 from dist_sgd.plumbing.launch import launch
 from dist_sgd.plumbing.timing import summarize, time_alternating
 from dist_sgd.sgd.models import BigNet
 from dist_sgd.sgd.sync import average_gradients
-from dist_sgd.shard.zero import ShardedOptimizer, wire_bytes
+from dist_sgd.shard.zero import ShardedOptimizer
 
 NAME = "zero"
 WORLD_SIZES = (2, 3, 4)

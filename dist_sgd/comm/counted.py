@@ -10,10 +10,22 @@ import torch.distributed as dist
 
 from dist_sgd.comm import collectives as ours
 from dist_sgd.comm.ordered import start_all_reduce
-from dist_sgd.shard.zero import wire_bytes
 
 COLLECTIVES = {"torch": dist, "ours": ours}  # the same in-place signatures
 _WHOLE = {"all_gather": 0, "reduce_scatter": 1, "all_reduce": 0}  # the argument with all data
+
+
+def wire_bytes(collective, nbytes, world_size):
+    """Bytes each rank sends, on average, in a bandwidth-optimal collective over nbytes.
+
+    all_reduce (ring): 2(p-1)/p n. reduce_scatter and all_gather (n = all ranks' chunks
+    together): (p-1)/p n. broadcast: every other rank must receive the n bytes once, (p-1) n
+    on the wire in all, shared by p ranks: (p-1)/p n. Our collectives send exactly this much.
+    """
+    p = world_size
+    factor = {"all_reduce": 2 * (p - 1) / p, "reduce_scatter": (p - 1) / p,
+              "all_gather": (p - 1) / p, "broadcast": (p - 1) / p}[collective]
+    return factor * nbytes
 
 
 class Counted:

@@ -50,8 +50,8 @@ import torch.nn as nn
 
 from dist_sgd.comm.flat import views
 from dist_sgd.comm.ordered import in_order
-from dist_sgd.plumbing.mine import swap_in
 from dist_sgd.ddp.hooks import call_when_backward_ends, hook_gradients
+from dist_sgd.plumbing.mine import swap_in
 from dist_sgd.plumbing.rank import world
 from dist_sgd.sgd.sync import broadcast_parameters
 

@@ -26,8 +26,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dist_sgd.comm.ordered import start_all_reduce
-from dist_sgd.plumbing.mine import swap_in
 from dist_sgd.ddp.hooks import call_when_backward_ends, hook_gradients
+from dist_sgd.plumbing.mine import swap_in
 from dist_sgd.sgd.sync import average_gradients, broadcast_parameters
 
 

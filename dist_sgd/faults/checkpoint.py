@@ -42,8 +42,8 @@ fails half-way (an optimizer raising on the saved state) on any rank puts every 
 and optimizer back.
 
 FullyShardedDataParallel: each rank holds pieces of the weights and of the optimizer state (the
-momentum, Adam's moments), so both go in and out full (dist_sgd.faults.fsdp_checkpoint: the
-pieces gathered on the way out, each rank's cut again on the way in), as torch's
+momentum, Adam's moments), so both go in and out full (dist_sgd.shard.fsdp_io: the pieces
+gathered on the way out, each rank's cut again on the way in), as torch's
 get_state_dict / set_state_dict with full_state_dict=True: the same file as the plain model's,
 loadable at any world size. `full_model_state` / `full_optimizer_state` and their loaders are
 where another sharded model would plug in.
@@ -60,10 +60,10 @@ import torch
 import torch.distributed as dist
 
 from dist_sgd.plumbing.mine import swap_in
-from dist_sgd.faults.fsdp_checkpoint import (full_optim_state_dict, full_shapes,
-                                             load_full_optim_state_dict, optim_state_problems)
 from dist_sgd.plumbing.rank import world
 from dist_sgd.shard.fsdp import FullyShardedDataParallel
+from dist_sgd.shard.fsdp_io import (full_optim_state_dict, full_shapes,
+                                    load_full_optim_state_dict, optim_state_problems)
 
 LATEST = "latest"
 CHECKSUMS = "checksums.json"

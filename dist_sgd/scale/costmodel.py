@@ -333,19 +333,15 @@ def predict_step(compute_s, nbytes, world_size, algorithm, alpha, beta, gamma=0.
     return step, compute_s / step
 
 
-def predict_compressed_step(compute_s, shapes, world_size, scheme, alpha, beta, rank=1,
-                            compress_s=0.0):
+def predict_compressed_step(compute_s, messages, world_size, alpha, beta, compress_s=0.0):
     """Seconds per step with gradient compression (lesson 12) on a network (alpha, beta), ring
-    all-reduce, no overlap: compute + compression work + every all-reduce of
-    dist_sgd.ddp.compress.values_sent (PowerSGD pays three latencies where plain all-reduce
-    pays one). scheme: "none", "fp16" or "powerSGD" (at this matrix rank)."""
-    # Imported here: what each scheme sends is the hooks' business, and the cost model stays
-    # importable without torch.
-    from dist_sgd.ddp.compress import values_sent
-
+    all-reduce, no overlap: compute + compression work + one ring all-reduce per message.
+    messages: [(values, bytes per value)], one per all-reduce, as a hook sends them (for ours:
+    dist_sgd.ddp.compress.values_sent; PowerSGD pays three latencies where plain all-reduce
+    pays one)."""
     comm = sum(predict_all_reduce("ring", values * width, world_size, alpha, beta)
-               for values, width in values_sent(shapes, scheme, rank))
-    return compute_s + (compress_s if scheme != "none" else 0.0) + comm
+               for values, width in messages)
+    return compute_s + compress_s + comm
 
 
 def bus_bandwidth(nbytes, world_size, seconds):

@@ -3,5 +3,5 @@
     zero        ZeRO-1: the optimizer state sharded across ranks (ShardedOptimizer)
     fsdp        ZeRO-2/3: parameters, gradients and state sharded (FullyShardedDataParallel);
                 its units gather, free and reduce-scatter, the wrapper orders them (lesson 16)
-    fsdp_io     FSDP's full parameters, gathered (its checkpoints: faults/fsdp_checkpoint)
+    fsdp_io     FSDP's full parameters, gathered, and its state_dicts in and out, full
 """

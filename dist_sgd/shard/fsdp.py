@@ -59,7 +59,7 @@ gathered weights; a parameter that gets no gradient (an output only logged) keep
 Not supported, with a clear error: sparse gradients; wrapping twice; an optimizer built from
 the parameters of before the wrapping. Buffers (BatchNorm statistics) are not synchronized,
 as in torch's fully_shard. Checkpoints: state_dict() is the plain module's, gathered (see
-dist_sgd/faults/fsdp_checkpoint.py).
+dist_sgd/shard/fsdp_io.py).
 """
 import contextlib
 import math
@@ -71,12 +71,11 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from dist_sgd.comm import collectives as ours
 from dist_sgd.comm.counted import Counted
-from dist_sgd.plumbing.mine import swap_in
 from dist_sgd.ddp.hooks import call_when_backward_ends
-from dist_sgd.faults import fsdp_checkpoint
+from dist_sgd.plumbing.mine import swap_in
 from dist_sgd.plumbing.rank import world
-from dist_sgd.shard import fsdp_io
 from dist_sgd.sgd.sync import broadcast_parameters
+from dist_sgd.shard import fsdp_io
 
 
 # ---- what the wrapper refuses, and the small tools it computes with ------------------------
@@ -577,11 +576,11 @@ class FullyShardedDataParallel(nn.Module):
 
     def state_dict(self, destination=None, prefix="", keep_vars=False):
         """The plain module's state_dict, full and gathered, on every rank (collective)."""
-        return fsdp_checkpoint.full_state_dict(self, destination, prefix)
+        return fsdp_io.full_state_dict(self, destination, prefix)
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
         """Load a plain module's (full) state_dict: each rank keeps its pieces."""
-        return fsdp_checkpoint.load_full_state_dict(self, state_dict, strict)
+        return fsdp_io.load_full_state_dict(self, state_dict, strict)
 
 
 # DIST_SGD_MINE: a learner's version replaces this one

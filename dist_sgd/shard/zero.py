@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from dist_sgd.comm import collectives as ours
+from dist_sgd.comm.counted import wire_bytes
 from dist_sgd.comm.flat import copy_back, flatten
 from dist_sgd.plumbing.mine import swap_in
 from dist_sgd.plumbing.rank import world
@@ -72,19 +73,6 @@ def partition(sizes_per_group, world_size, loads=None):
             mine[i], loads[rank] = rank, loads[rank] + sizes[i]
         owners.append(mine)
     return owners, loads
-
-
-def wire_bytes(collective, nbytes, world_size):
-    """Bytes each rank sends, on average, in a bandwidth-optimal collective over nbytes.
-
-    all_reduce (ring): 2(p-1)/p n. reduce_scatter and all_gather (n = all ranks' chunks
-    together): (p-1)/p n. broadcast: every other rank must receive the n bytes once, (p-1) n
-    on the wire in all, shared by p ranks: (p-1)/p n. Our collectives send exactly this much.
-    """
-    p = world_size
-    factor = {"all_reduce": 2 * (p - 1) / p, "reduce_scatter": (p - 1) / p,
-              "all_gather": (p - 1) / p, "broadcast": (p - 1) / p}[collective]
-    return factor * nbytes
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
