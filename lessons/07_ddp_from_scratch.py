@@ -35,7 +35,7 @@ side by side, are the benchmark's: `python -m dist_sgd.bench ddp` (figures/ddp_s
 Run:
     python lessons/07_ddp_from_scratch.py --world-size 2
     python lessons/07_ddp_from_scratch.py --quick
-    python lessons/07_ddp_from_scratch.py --save-figures   # also figures/lesson07_timeline.png
+    python lessons/07_ddp_from_scratch.py --save-figures   # also draws lesson07_timeline.png
     torchrun --standalone --nproc-per-node 2 lessons/07_ddp_from_scratch.py
 
 Exercises:

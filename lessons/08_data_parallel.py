@@ -5,7 +5,7 @@ all-reduce. One process splits each batch over its GPUs, runs a replica of the m
 in its own thread, collects the outputs on the first GPU and runs ONE backward. The gradient
 sum over replicas comes for free: the replicas' weights are autograd copies of the original
 ones, so backward flows through the copies and adds every replica's gradient into the
-original parameters. dist_sgd/data_parallel.py writes the four steps out:
+original parameters. dist_sgd/ddp/data_parallel.py writes the four steps out:
 
     chunks   = scatter((x,), devices)          # the batch, split along dimension 0
     replicas = replicate(module, devices)      # shallow copies with differentiable weights

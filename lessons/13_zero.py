@@ -17,7 +17,7 @@ partition on every rank) and gives rank r the optimizer of shard r only. One ste
                   # 2. Adam updates this rank's shard, with this rank's state
                   # 3. every rank gets every updated shard
 
-Steps 1 and 3 are the communication, in two schemes (dist_sgd/zero.py), N = gradient bytes:
+Steps 1 and 3 are the communication, in two schemes (dist_sgd/shard/zero.py), N = gradient bytes:
   broadcast  (torch's ZeroRedundancyOptimizer): all-reduce all gradients, 2(p-1)/p N per
              rank, then each rank broadcasts its shard, (p-1)/p N: 1.5x plain data parallel.
   all_gather (DeepSpeed's): reduce-scatter, so a rank receives only its shard's average,

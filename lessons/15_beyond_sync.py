@@ -4,16 +4,16 @@ Every lesson so far ran synchronous data-parallel SGD: all ranks compute a gradi
 all-reduce averages it, all ranks take the same step. It is one point in a design space:
 
   parameter server (PS)   rank 0 holds the weights; workers pull them, push gradients
-                          (dist_sgd/ps.py, on send/recv). Synchronous: the server waits for
-                          every worker, averages, steps: all-reduce SGD computed in one place.
+                          (dist_sgd/beyond/ps.py, on send/recv). Synchronous: the server waits
+                          for every worker, averages, steps: all-reduce SGD in one place.
   asynchronous PS         the server applies each gradient the moment it arrives (Downpour
                           SGD, Dean et al. 2012). Nobody waits for a slow worker, but a
                           gradient may have been computed on weights that are k updates old:
                           its *staleness* k.
   Hogwild!                processes on one machine update one model in shared memory with no
-                          lock at all (Recht et al. 2011; dist_sgd/hogwild.py).
+                          lock at all (Recht et al. 2011; dist_sgd/beyond/hogwild.py).
   local SGD               every rank takes H steps on its own copy, then the copies are
-                          averaged (dist_sgd/local_sgd.py): H times fewer bytes. DiLoCo
+                          averaged (dist_sgd/beyond/local_sgd.py): H times fewer bytes. DiLoCo
                           (Douillard et al. 2023) adds an outer Nesterov step to the average.
 
 Here every one of them trains dist_sgd.sgd.models.Net on the same data (Fashion-MNIST when it is

@@ -18,7 +18,7 @@ The folder: $DIST_SGD_FIGURES if set; else --save-figures: figures/ of this chec
 lessons do (measure on a quiet machine before committing what it writes there); else --quick:
 a fresh temporary folder (quick numbers are too rough to keep); else --redraw: a fresh
 temporary folder holding a copy of figures/'s CSVs; else ~/.cache/dist_sgd/figures
-($XDG_CACHE_HOME's dist_sgd/figures). `--redraw --save-figures` redraws figures/ itself.
+($XDG_CACHE_HOME/dist_sgd/figures). `--redraw --save-figures` redraws figures/ itself.
 
 Each measurement is a module of this package with measure(quick) -> rows (also written as
 CSVs), report(rows) (prints the numbers: ratios, fits) and draw() (reads the CSVs, writes

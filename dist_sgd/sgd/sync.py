@@ -8,9 +8,9 @@ Why the mean of the ranks' gradients is the full-batch gradient: with equal per-
 of b items and the loss a mean over the batch, the gradient of the mean loss over the global
 batch of R*b items is (1/R) * sum over ranks of (gradient of rank r's mean loss). So: all-reduce
 with SUM, then divide by the world size. torch.distributed can do both in one call
-(ReduceOp.AVG, on NCCL and, in torch 2.14, on gloo), but the tutorial writes the division out,
-our hand-written all_reduce (dist_sgd.comm.collectives) sums, and one code path for both keeps the
-results of torch's and ours identical: SUM, then divide, here.
+(ReduceOp.AVG, on NCCL and, in torch 2.14, on gloo; ours in dist_sgd.comm.collectives has it
+too), but the tutorial writes the division out, and so do we: one code path, SUM then divide,
+for whichever all_reduce is passed in keeps torch's results and ours identical.
 
 Which parameters take part: those with requires_grad=True whose .grad is not None. Frozen
 parameters and parameters that got no gradient this step (unused in the forward pass) are
