@@ -58,7 +58,7 @@ from dist_sgd.scale.summaries import (MODEL_OF, NETACCURACY_TARGET, crossover_wo
 from dist_sgd.plumbing.launch import launch, lesson_parser
 from dist_sgd.plumbing.rank import log, under_torchrun
 from dist_sgd.plumbing.timing import summarize, time_alternating
-from dist_sgd.scale import cluster, costmodel
+from dist_sgd.scale import cluster, costmodel, netns
 from dist_sgd.sgd.models import BigNet, count_parameters
 from dist_sgd.sgd.sync import average_gradients
 
@@ -182,7 +182,7 @@ def main():
         return show(results[0], f"{os.environ['NNODES']} emulated nodes, "
                                 f"{cluster.SCALING_RATE}/s links")
     show(results[0], "this machine's loopback")
-    why = "under torchrun" if under_torchrun() else cluster.privilege_problem()
+    why = "under torchrun" if under_torchrun() else netns.privilege_problem()
     if why is None:
         on_the_network(args)
     else:

@@ -59,7 +59,7 @@ from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.launch import launch, lesson_parser
 from dist_sgd.plumbing.rank import log, under_torchrun
 from dist_sgd.plumbing.timing import summarize, time_alternating
-from dist_sgd.scale import cluster, costmodel
+from dist_sgd.scale import cluster, costmodel, netns
 from dist_sgd.sgd.models import BigNet
 
 MiB = 2 ** 20
@@ -188,7 +188,7 @@ def main():
         return
     if args.world_size < 2:
         parser.error("across nodes takes 2 nodes or more: --world-size 2")
-    if why := cluster.privilege_problem():
+    if why := netns.privilege_problem():
         return recorded(why, args)
     mine = [os.path.relpath(__file__), "--rate", args.rate] + ["--quick"] * args.quick
     # What torchrun --nproc-per-node 1 would set in each node: one rank per node, one thread.

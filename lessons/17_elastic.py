@@ -73,7 +73,8 @@ from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.figures import machine_facts, read_csv, write_csv
 from dist_sgd.plumbing.launch import launch, lesson_parser
 from dist_sgd.plumbing.rank import log, under_torchrun
-from dist_sgd.scale.cluster import Cluster, ours, privilege_problem
+from dist_sgd.scale.cluster import Cluster
+from dist_sgd.scale.netns import ours, privilege_problem
 from dist_sgd.sgd.data import get_dataset
 from dist_sgd.sgd.models import MLP
 from dist_sgd.sgd.optim import SGD

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from dist_sgd.scale import cluster
+from dist_sgd.scale import cluster, netns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROBLEM = cluster.privilege_problem() if sys.platform.startswith("linux") else "Linux only"
+PROBLEM = netns.privilege_problem() if sys.platform.startswith("linux") else "Linux only"
 needs_root = pytest.mark.skipif(PROBLEM is not None, reason=f"no cluster here: {PROBLEM}")
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
            OMP_NUM_THREADS="1")
@@ -40,9 +40,9 @@ def host_links():
 
 def made_by(pid):
     """Namespaces and /etc/netns entries a run with this pid made that still exist."""
-    left = [n for n in cluster.ours() if n.startswith(f"{cluster.PREFIX}{pid}")]
-    if os.path.isdir(cluster.NETNS_ETC):
-        left += [n for n in os.listdir(cluster.NETNS_ETC) if n.startswith(f"{cluster.PREFIX}{pid}")]
+    left = [n for n in netns.ours() if n.startswith(f"{netns.PREFIX}{pid}")]
+    if os.path.isdir(netns.NETNS_ETC):
+        left += [n for n in os.listdir(netns.NETNS_ETC) if n.startswith(f"{netns.PREFIX}{pid}")]
     return left
 
 
@@ -69,7 +69,7 @@ class Lines(list):
 
 @needs_root
 def test_nodes_are_built_shaped_and_removed():
-    before, host_cc = host_links(), cluster._read_sysctl(cluster._CC)
+    before, host_cc = host_links(), netns.read_sysctl(netns.CC_SYSCTL)
     proc, out, err = run_cli("--nodes", "3", "--rate", "100mbit", "--",
                              "hostname; ip -br addr show eth0; tc qdisc show dev eth0; "
                              "echo tcp=$(cat /proc/sys/net/ipv4/tcp_congestion_control); "
@@ -89,18 +89,18 @@ def test_nodes_are_built_shaped_and_removed():
                for line in out.splitlines()), out  # MASTER_ADDR is node 0's address
     assert made_by(proc.pid) == [], made_by(proc.pid)
     assert host_links() == before  # nothing appeared (or vanished) in the host's namespace
-    assert cluster._read_sysctl(cluster._CC) == host_cc  # the host's default is back
+    assert netns.read_sysctl(netns.CC_SYSCTL) == host_cc  # the host's default is back
 
 
 @needs_root
 def test_nodes_can_keep_the_hosts_congestion_control():
-    host_cc = cluster._read_sysctl(cluster._CC)
+    host_cc = netns.read_sysctl(netns.CC_SYSCTL)
     with cluster.Cluster(1, congestion_control=None) as c:
-        assert cluster._read_sysctl(cluster._CC, c.netns[0]) == host_cc
-    with pytest.raises(cluster.ClusterError, match="not available on this host"):
+        assert netns.read_sysctl(netns.CC_SYSCTL, c.netns[0]) == host_cc
+    with pytest.raises(netns.ClusterError, match="not available on this host"):
         with cluster.Cluster(1, congestion_control="no-such-tcp"):
             pass
-    assert cluster._read_sysctl(cluster._CC) == host_cc
+    assert netns.read_sysctl(netns.CC_SYSCTL) == host_cc
 
 
 @needs_root
@@ -186,7 +186,7 @@ def test_torchrun_all_reduce_across_nodes_equals_the_single_machine_sum(tmp_path
     checks = [line for line in lines if "max difference" in line]
     assert len(checks) == 2 and all("world size 2:" in line for line in checks), out
     assert all("max difference 0.00e+00" in line for line in checks), out
-    assert not set(names) & set(cluster.ours())
+    assert not set(names) & set(netns.ours())
 
 
 LESSON_ACROSS_NODES = (  # the static form: every node is told its rank and the master's address
@@ -282,9 +282,9 @@ def test_bench_reports_the_targets_from_a_csv(tmp_path, monkeypatch, capsys):
 # ---- the lifecycle: a signal at any moment, a node lost and a node added -----------------------
 
 def interrupt_after(monkeypatch, name, when):
-    """Deliver a real SIGINT to this process right after cluster.<name>(...) returns, the
+    """Deliver a real SIGINT to this process right after netns.<name>(...) returns, the
     `when`-th time: the moment a Ctrl-C would land between two steps of building or removing."""
-    real, calls = getattr(cluster, name), []
+    real, calls = getattr(netns, name), []
 
     def wrapped(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -293,18 +293,18 @@ def interrupt_after(monkeypatch, name, when):
             os.kill(os.getpid(), signal.SIGINT)
         return out
 
-    monkeypatch.setattr(cluster, name, wrapped)
+    monkeypatch.setattr(netns, name, wrapped)
 
 
 @needs_root
-@pytest.mark.parametrize("name,when", [("_sh", 1), ("_sh", 7), ("_remove_netns", 1)],
+@pytest.mark.parametrize("name,when", [("sh", 1), ("sh", 7), ("remove_netns", 1)],
                          ids=["first-namespace-made", "mid-build", "mid-teardown"])
 def test_ctrl_c_while_building_or_removing_leaves_nothing(monkeypatch, name, when):
     c = cluster.Cluster(2)
     interrupt_after(monkeypatch, name, when)
     with pytest.raises(KeyboardInterrupt):
         with c:
-            if name == "_remove_netns":
+            if name == "remove_netns":
                 raise KeyboardInterrupt("the first Ctrl-C, while running")  # then one in down()
             time.sleep(5)  # the block itself never finishes: the signal ends it
     assert made_by(os.getpid()) == []

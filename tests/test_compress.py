@@ -303,15 +303,15 @@ def test_the_2_node_link_benchmark():
     """The benchmark's link part (lesson 12 prints its committed rows), tiny: every row there,
     ratios that can be computed, bytes as counted, nothing left behind. Skips without root."""
     from dist_sgd.bench import compress as bench
+    from dist_sgd.scale import netns
     from dist_sgd.scale.summaries import COMPRESS_LINK
-    from dist_sgd.scale import cluster
 
-    if problem := cluster.privilege_problem():
+    if problem := netns.privilege_problem():
         pytest.skip(f"no cluster here: {problem}")
-    before = set(cluster.ours())
+    before = set(netns.ours())
     rows = {r["impl"]: r for r in bench.measure_link(quick=True)}
     assert list(rows) == list(bench.LINK_IMPLS)
     assert all(r["median_s"] > 0 and r["network"] == COMPRESS_LINK for r in rows.values())
     assert rows["our DDP + our PowerSGD rank 2"]["bytes_per_step"] == \
         rows["our DDP + our PowerSGD rank 2"]["bytes_on_paper"]
-    assert set(cluster.ours()) <= before  # its namespaces are gone (others' may run)
+    assert set(netns.ours()) <= before  # its namespaces are gone (others' may run)

@@ -14,7 +14,7 @@ import pytest
 from dist_sgd.bench import netaccuracy, netscale, nettrain, nodes
 from dist_sgd.plumbing.figures import read_csv, write_csv
 from dist_sgd.plumbing.launch import launch
-from dist_sgd.scale import cluster, costmodel
+from dist_sgd.scale import cluster, costmodel, netns
 from dist_sgd.scale.summaries import (MODEL_OF, NETACCURACY_TARGET, cpu_share, crossover_words,
                                       netaccuracy_summary, netscale_summary, netscale_with_model,
                                       nettrain_efficiency)
@@ -22,7 +22,7 @@ from dist_sgd.sgd import data
 
 KiB, MiB = 2 ** 10, 2 ** 20
 ALPHA, BETA = 300e-6, 8 / 96e6  # 300 us, 96 Mbit/s
-PROBLEM = cluster.privilege_problem()
+PROBLEM = netns.privilege_problem()
 
 
 @pytest.fixture
@@ -342,4 +342,4 @@ def test_netscale_runs_inside_two_nodes_and_leaves_nothing_behind(capsys):
     big = [r for r in rows if r["part"] == "all-reduce" and r["bytes"] == MiB]
     fastest = (MiB - cluster.SCALING_BURST) / cluster.link_goodput(100e6)
     assert all(r["seconds"] > 0.9 * fastest for r in big), big
-    assert not [n for n in cluster.ours() if str(os.getpid()) in n]
+    assert not [n for n in netns.ours() if str(os.getpid()) in n]

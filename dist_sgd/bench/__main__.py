@@ -38,7 +38,7 @@ import traceback
 
 from dist_sgd.bench.common import Skip
 from dist_sgd.plumbing.figures import DEFAULT_FOLDER, folder, machine_facts, read_csv
-from dist_sgd.scale.cluster import privilege_problem
+from dist_sgd.scale.netns import privilege_problem
 
 # In this order: atscale reads p2p's fit.
 MEASUREMENTS = {

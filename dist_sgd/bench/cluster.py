@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from dist_sgd.bench import nodes
 from dist_sgd.plumbing.figures import machine_facts, read_csv, write_csv
 from dist_sgd.plumbing.timing import summarize, time_alternating
-from dist_sgd.scale import cluster, costmodel
+from dist_sgd.scale import cluster, costmodel, netns
 from dist_sgd.sgd.models import BigNet, count_parameters
 
 NAME = "cluster"
@@ -123,7 +123,7 @@ def _node_work(rank, world_size, quick):
 
 
 def measure(quick=False):
-    problem = cluster.privilege_problem()
+    problem = netns.privilege_problem()
     if problem:
         print(f"cluster: skipped: {problem}")
         return None
@@ -135,14 +135,14 @@ def measure(quick=False):
         cmd = ["env", "RANK=$NODE_RANK", "WORLD_SIZE=$NNODES", "OMP_NUM_THREADS=1", sys.executable,
                "-m", "dist_sgd.bench.cluster", "--node", out_path]
         c.run(cmd + (["--quick"] if quick else []), timeout=1800)
-    left = [n for n in cluster.ours() if n in names]
+    left = [n for n in netns.ours() if n in names]
     left += sorted(set(nodes.host_links()) - set(links_before))
     print(f"  left behind by the cluster: {' '.join(left) or 'nothing'}", flush=True)
     with open(out_path, "rb") as f:
         out = pickle.load(f)
     rows = _rows(out)
     facts = (f"{machine_facts()}, {NODES} nodes (network namespaces) at {RATE}/s each way, "
-             f"load average {load[0]:.1f} at the start, TCP {cluster.CONGESTION_CONTROL}"
+             f"load average {load[0]:.1f} at the start, TCP {netns.CONGESTION_CONTROL}"
              + (" (other jobs on this machine)" if load[0] >= 1.5 else ""))
     write_csv(NAME, rows, facts)
     return rows

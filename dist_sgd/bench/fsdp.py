@@ -32,7 +32,7 @@ from dist_sgd.bench import nodes
 from dist_sgd.plumbing.figures import machine_facts, read_csv, write_csv
 from dist_sgd.plumbing.launch import launch
 from dist_sgd.plumbing.timing import summarize, time_alternating
-from dist_sgd.scale import cluster
+from dist_sgd.scale import cluster, netns
 
 NAME = "fsdp"
 WORLD_SIZES = (1, 2, 3, 4)
@@ -197,7 +197,7 @@ def _link_worker(rank, world_size, quick):
 
 
 def _link_rows(quick):
-    problem = cluster.privilege_problem()
+    problem = netns.privilege_problem()
     if problem:
         print(f"fsdp: the link part is skipped: {problem}")
         return []

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from dist_sgd.bench import nodes
 from dist_sgd.bench.common import Skip, measured_as_root
 from dist_sgd.plumbing.figures import machine_facts, write_csv
-from dist_sgd.scale import cluster
+from dist_sgd.scale import cluster, netns
 from dist_sgd.scale.summaries import NETACCURACY_TARGET, netaccuracy_summary
 from dist_sgd.sgd.data import LABELS, DatasetNotFound, get_dataset
 
@@ -169,7 +169,7 @@ def rows_of(curves):
 
 
 def measure(quick=False):
-    if (problem := cluster.privilege_problem()) is not None:
+    if (problem := netns.privilege_problem()) is not None:
         raise Skip(problem)
     data = dataset()
     rows = rows_of(nodes.on_nodes(__name__, NODES, quick, rate=RATE, args=(data,)))

@@ -44,7 +44,7 @@ from dist_sgd.bench import nodes
 from dist_sgd.bench.common import measured_as_root
 from dist_sgd.plumbing.figures import machine_facts, write_csv
 from dist_sgd.plumbing.timing import summarize, time_alternating
-from dist_sgd.scale import cluster, costmodel
+from dist_sgd.scale import cluster, costmodel, netns
 from dist_sgd.scale.summaries import cpu_share, nettrain_efficiency, nettrain_table
 
 NAME = "nettrain"
@@ -247,7 +247,7 @@ def measure(quick=False):
         rows += _rows(nodes.on_nodes(__name__, p, quick))
     rows = with_model(rows)
     write_csv(NAME, rows, f"{machine_facts()}, {RATE}/s links (tbf, {cluster.SCALING_BURST} B "
-                          f"bucket, TCP {cluster.CONGESTION_CONTROL}) between network-namespace "
+                          f"bucket, TCP {netns.CONGESTION_CONTROL}) between network-namespace "
                           "nodes")
     return rows
 

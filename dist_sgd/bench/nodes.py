@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 from dist_sgd.bench.common import Skip
-from dist_sgd.scale import cluster
+from dist_sgd.scale import cluster, netns
 
 
 def host_links():
@@ -28,7 +28,7 @@ def host_links():
 def on_nodes(module, nodes, quick, rate=cluster.SCALING_RATE, burst=cluster.SCALING_BURST,
              timeout=1800, args=()):
     """Rank 0's result; prints what the cluster left behind. Raises Skip without root."""
-    problem = cluster.privilege_problem()
+    problem = netns.privilege_problem()
     if problem:
         raise Skip(problem)
     before = host_links()
@@ -38,7 +38,7 @@ def on_nodes(module, nodes, quick, rate=cluster.SCALING_RATE, burst=cluster.SCAL
         cmd = ["env", "RANK=$NODE_RANK", "WORLD_SIZE=$NNODES", "OMP_NUM_THREADS=1",
                sys.executable, "-m", module, "--node", out, *args] + (["--quick"] if quick else [])
         c.run(cmd, timeout=timeout, output=_Quiet())
-    left = [n for n in cluster.ours() if n in names] + sorted(set(host_links()) - set(before))
+    left = [n for n in netns.ours() if n in names] + sorted(set(host_links()) - set(before))
     with open(out, "rb") as f:
         result = pickle.load(f)
     os.remove(out)

@@ -25,7 +25,6 @@ starts everyone again and recomputes the steps since the last checkpoint. Here i
 Only gloo on one machine here; the same shape works across nodes with a shared store.
 """
 import datetime
-import multiprocessing.connection
 import os
 import pickle
 import signal
@@ -35,7 +34,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from dist_sgd.plumbing.launch import _context, free_port
+from dist_sgd.plumbing.launch import GRACE, Ranks, free_port, rank_error
 
 
 class PeerGroup:
@@ -105,7 +104,7 @@ def current_group():
     return _GROUP
 
 
-def _child(fn, rank, world_size, port, generation, args, env, conn, op_timeout):
+def _child(fn, rank, world_size, port, generation, args, env, op_timeout, conn):
     global _GROUP
     os.environ.clear()
     os.environ.update(env)
@@ -120,7 +119,8 @@ def _child(fn, rank, world_size, port, generation, args, env, conn, op_timeout):
         dist.destroy_process_group()
         conn.send_bytes(pickle.dumps(("ok", result)))
     except BaseException as e:  # noqa: BLE001 - report everything to the supervisor
-        conn.send_bytes(pickle.dumps(("error", f"{type(e).__name__}: {e}", traceback.format_exc())))
+        conn.send_bytes(pickle.dumps(("failed", "error", f"{type(e).__name__}: {e}",
+                                      traceback.format_exc())))
         os._exit(1)
 
 
@@ -133,21 +133,17 @@ def run_with_peer_recovery(fn, world_size, args=(), kill=None, max_replacements=
     collective may wait for a peer that went silent (a dead peer's closed connections usually
     fail it at once; this bounds the rare wait when they do not). Returns (results by rank,
     events): events holds the times of each kill, replacement and resume, for measuring
-    recovery."""
-    ctx, port = _context(), free_port()
+    recovery. The ranks are launch()'s (dist_sgd.plumbing.launch.Ranks): started, watched and
+    blamed the same way; what differs is the policy: a rank that dies is started again."""
+    port = free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout))
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", WORLD_SIZE=str(world_size))
-    procs, conns, generation, events = {}, {}, 0, []
+    ranks, generation, events = Ranks(), 0, []
 
     def start(rank):
-        recv_end, send_end = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, name=f"rank{rank}", args=(
-            fn, rank, world_size, port, generation, args, dict(env, RANK=str(rank)), send_end,
-            op_timeout))
-        p.start()
-        send_end.close()
-        procs[rank], conns[rank] = p, recv_end
+        ranks.start(rank, _child, fn, rank, world_size, port, generation, args,
+                    dict(env, RANK=str(rank)), op_timeout)
 
     for rank in range(world_size):
         start(rank)
@@ -163,63 +159,47 @@ def run_with_peer_recovery(fn, world_size, args=(), kill=None, max_replacements=
                 failed_since = float("inf")
             if errors and (len(errors) + len(results) == world_size or
                            time.monotonic() - min(errors.values())[0] > GRACE):
-                raise RuntimeError(_blame(store, generation, errors))
+                raise _blame(store, generation, errors,
+                             [r for r in ranks.procs if r not in results and r not in errors])
             if time.monotonic() > deadline:
-                raise TimeoutError(f"ranks {sorted(set(procs) - set(results))} did not finish "
-                                   f"within {timeout} s")
+                raise TimeoutError(f"ranks {sorted(set(ranks.procs) - set(results))} did not "
+                                   f"finish within {timeout} s")
             if kill and _reached(store, kill[1]):
-                os.kill(procs[kill[0]].pid, signal.SIGKILL)
+                os.kill(ranks.procs[kill[0]].pid, signal.SIGKILL)
                 events.append(("killed", kill[0], time.time()))
                 kill = None
-            running = [r for r in procs if r not in results and r not in errors]
-            multiprocessing.connection.wait([conns[r] for r in running] +
-                                            [procs[r].sentinel for r in running], timeout=0.01)
-            for rank in running:
-                msg, dead = None, False
-                if conns[rank].poll():
-                    try:
-                        msg = pickle.loads(conns[rank].recv_bytes())
-                    except EOFError:  # closed without a word: the process died
-                        dead = True
-                if msg is not None and msg[0] == "ok":
-                    results[rank] = msg[1]
-                elif msg is not None:
-                    errors[rank] = (time.monotonic(), msg[1], msg[2])
-                elif dead or not procs[rank].is_alive():
-                    if not dead and conns[rank].poll():
-                        continue  # it reported just before exiting: read it next round
+            running = [r for r in ranks.procs if r not in results and r not in errors]
+            for rank, outcome in ranks.wait(running, timeout=0.01).items():
+                if outcome[0] == "ok":
+                    results[rank] = outcome[1]
+                elif outcome[0] == "failed":
+                    errors[rank] = (time.monotonic(), *outcome[2:])
+                else:  # died: the replacement joins the next generation
                     if max_replacements <= 0:
-                        raise RuntimeError(f"rank {rank} died (exit code {procs[rank].exitcode})"
-                                           f" and no replacements are left")
+                        raise RuntimeError(f"rank {rank} {outcome[1]} and no replacements "
+                                           "are left")
                     max_replacements -= 1
                     generation, failed_since = generation + 1, None
-                    procs[rank].join(timeout=5)
-                    start(rank)  # the replacement joins the next generation
+                    ranks.stop(rank)
+                    start(rank)
                     store.set(f"generation/{generation}", "1")
                     events.append(("replaced", rank, time.time()))
         events += _resume_times(store, generation, world_size)
         return [results[r] for r in range(world_size)], events
     finally:
-        for p in procs.values():
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=5)
+        ranks.stop()
 
 
-GRACE = 2.0  # seconds: a death shows up at the supervisor within milliseconds
-
-
-def _blame(store, generation, errors):
-    """The cause among the ranks that raised: one that raised outside recovery (no failure
-    report: its own code), else the one whose collective failed first."""
+def _blame(store, generation, errors, pending):
+    """launch()'s RankError, each rank that raised classed by the store: one that raised with
+    no failed collective reported is its own code's error; the others are symptoms, in the
+    order their collectives failed."""
     def first_failure(rank):
         key = f"failed/{generation}/{rank}"
         return float(store.get(key)) if store.check([key]) else float("-inf")
-    rank = min(errors, key=first_failure)
-    lines = [f"rank {rank} failed: {errors[rank][1]}"]
-    lines += [f"rank {r} also failed, as a consequence: {e[1][:200]}" for r, e in errors.items()
-              if r != rank]
-    return "\n".join(lines + [f"--- traceback from rank {rank} ---", errors[rank][2]])
+    failures = {r: ("error" if first_failure(r) == float("-inf") else "symptom", *errors[r][1:])
+                for r in sorted(errors, key=first_failure)}
+    return rank_error(failures, pending)
 
 
 def _reached(store, step):

@@ -223,7 +223,6 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
 
 def _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt, deadline=None):
     """One attempt: start world_size ranks here, collect their results, stop them all."""
-    ctx = _context()
     workdir = tempfile.mkdtemp(prefix="dist_sgd_")
     url = init_url(init_method, workdir)
     # What a previous run left in os.environ must not matter: our own address and port,
@@ -233,23 +232,76 @@ def _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt
     base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world_size),
                 LOCAL_WORLD_SIZE=str(world_size), TORCHELASTIC_RESTART_COUNT=str(attempt),
                 **{SPAWNED: "1"})
-    procs, conns = [], []
+    ranks = Ranks()
     try:
         for rank in range(world_size):
-            here, there = ctx.Pipe(duplex=True)
-            p = ctx.Process(target=_child, name=f"rank{rank}",
-                            args=(fn, rank, world_size, args, backend, url, timeout, threads,
-                                  dict(base, RANK=str(rank), LOCAL_RANK=str(rank)), there))
-            p.start()
-            there.close()
-            procs.append(p)
-            conns.append(here)
-        return _collect(procs, conns, None if deadline is None else time.monotonic() + deadline)
+            ranks.start(rank, _child, fn, rank, world_size, args, backend, url, timeout, threads,
+                        dict(base, RANK=str(rank), LOCAL_RANK=str(rank)))
+        return _collect(ranks, None if deadline is None else time.monotonic() + deadline)
     finally:
-        for c in conns:
-            c.close()
-        _stop(procs)
+        ranks.stop()
         shutil.rmtree(workdir, ignore_errors=True)  # the file:// rendezvous, if any
+
+
+class Ranks:
+    """One process per rank, each watched through its pipe: how launch() supervises its ranks,
+    and dist_sgd.faults.peer_recovery, which replaces one that dies, too."""
+
+    def __init__(self):
+        self.ctx, self.procs, self.conns = _context(), {}, {}
+
+    def start(self, rank, target, *args):
+        """Start target(*args, conn) as `rank`'s process; conn is its end of the pipe, where it
+        sends ("ok", result) or ("failed", kind, text, traceback)."""
+        here, there = self.ctx.Pipe(duplex=True)
+        p = self.ctx.Process(target=target, name=f"rank{rank}", args=(*args, there))
+        p.start()
+        there.close()
+        self.procs[rank], self.conns[rank] = p, here
+
+    def wait(self, ranks, timeout):
+        """Wait up to `timeout` seconds for any of `ranks` to report or end. Returns {rank:
+        outcome} of those that did: ("ok", result), ("ok", None, why the result could not come
+        back), ("failed", kind, text, traceback), or ("died", text) for a rank that ended
+        without a word (an exit code of 0 without a result is ("ok", None), as for torch's
+        launchers)."""
+        mp.connection.wait([self.conns[r] for r in ranks] +
+                           [self.procs[r].sentinel for r in ranks], timeout=timeout)
+        out = {}
+        for r in sorted(ranks):
+            msg, closed = None, False
+            if self.conns[r].poll():
+                try:
+                    msg = pickle.loads(self.conns[r].recv_bytes())
+                except EOFError:  # pipe closed without a message: the process ended
+                    closed = True
+                except Exception as e:  # noqa: BLE001 - a result this process cannot unpickle
+                    msg = ("ok", None, f"cannot be unpickled here: {e}")
+            if msg is not None:
+                out[r] = msg
+            elif closed or not self.procs[r].is_alive():
+                if not closed and self.conns[r].poll():
+                    continue  # it reported just before exiting: read it next round
+                self.procs[r].join(timeout=5)
+                code = self.procs[r].exitcode
+                how = f"killed by signal {-code}" if code is not None and code < 0 \
+                    else f"exit code {code}"
+                out[r] = ("ok", None) if code == 0 else \
+                    ("died", f"died without reporting a result ({how})")
+        return out
+
+    def release(self):
+        """Every rank is done: let them leave the group and exit."""
+        for c in self.conns.values():
+            c.close()
+        for p in self.procs.values():
+            p.join(timeout=60)
+
+    def stop(self, rank=None):
+        """End `rank` (None: every rank) if still running: SIGTERM, then SIGKILL."""
+        for c in self.conns.values() if rank is None else [self.conns[rank]]:
+            c.close()
+        _stop(list(self.procs.values()) if rank is None else [self.procs[rank]])
 
 
 # When one rank fails, its peers usually fail a moment later *because* of it: their
@@ -267,10 +319,10 @@ def _blame(failures):
     return min(order, key=lambda r: (_LEVEL[failures[r][0]], order.index(r)))
 
 
-def _collect(procs, conns, end=None):
+def _collect(ranks, end=None):
     """Wait for every rank's result, then release them all; on a failure, raise RankError.
     end: a time.monotonic() by which every rank must have reported (None: no limit)."""
-    results, pending = [None] * len(procs), set(range(len(procs)))
+    results, pending = [None] * len(ranks.procs), set(ranks.procs)
     failures, deadline = {}, None  # rank -> (kind, message, traceback), in order of arrival
     while pending and (deadline is None or time.monotonic() < deadline):
         if end is not None and not failures and time.monotonic() > end:
@@ -279,48 +331,26 @@ def _collect(procs, conns, end=None):
                                "loop, or waiting for a message no peer sends?)", "")
             deadline = time.monotonic()
             break
-        waitables = [conns[r] for r in pending] + [procs[r].sentinel for r in pending]
-        mp.connection.wait(waitables, timeout=0.2 if deadline else 1.0)
-        for r in sorted(pending):
-            msg, closed = None, False
-            if conns[r].poll():
-                try:
-                    msg = pickle.loads(conns[r].recv_bytes())
-                except EOFError:  # pipe closed without a message: the process ended
-                    closed = True
-                except Exception as e:  # noqa: BLE001 - a result this process cannot unpickle
-                    msg = ("ok", None, f"cannot be unpickled here: {e}")
-            if msg is not None and msg[0] == "ok":
-                results[r] = msg[1]
-                if len(msg) > 2:
+        for r, outcome in ranks.wait(pending, timeout=0.2 if deadline else 1.0).items():
+            if outcome[0] == "ok":
+                results[r] = outcome[1]
+                if len(outcome) > 2:
                     warnings.warn(f"rank {r} returned a value that cannot be sent back "
-                                  f"({msg[2]}); its entry in the results is None", RuntimeWarning)
-            elif msg is not None:
-                failures[r] = msg[1:]
-            elif closed or not procs[r].is_alive():
-                if not closed and conns[r].poll():
-                    continue  # it reported just before exiting: read it next round
-                procs[r].join(timeout=5)
-                code = procs[r].exitcode
-                if code != 0:
-                    how = f"killed by signal {-code}" if code is not None and code < 0 \
-                        else f"exit code {code}"
-                    failures[r] = ("died", f"died without reporting a result ({how})", "")
-                # exit code 0 without a result (os._exit(0)): success, as for torch's launchers
+                                  f"({outcome[2]}); its entry in the results is None",
+                                  RuntimeWarning)
+            elif outcome[0] == "failed":
+                failures[r] = outcome[1:]
             else:
-                continue
+                failures[r] = ("died", outcome[1], "")
             pending.discard(r)
         if failures and deadline is None:
             deadline = time.monotonic() + GRACE
     if not failures:
-        for c in conns:
-            c.close()  # every rank is done: release them to leave the group and exit
-        for p in procs:
-            p.join(timeout=60)
+        ranks.release()
         return results
-    _stop(procs)
-    raise _rank_error(failures, pending, [r for r in range(len(procs)) if r not in failures
-                                          and r not in pending])
+    ranks.stop()
+    raise rank_error(failures, pending, [r for r in ranks.procs if r not in failures
+                                         and r not in pending])
 
 
 def _returned_early(finished, waiting):
@@ -330,7 +360,10 @@ def _returned_early(finished, waiting):
             for r in finished]
 
 
-def _rank_error(failures, pending, finished=()):
+def rank_error(failures, pending=(), finished=()):
+    """The RankError for failures ({rank: (kind, message, traceback)}, in order of arrival;
+    kind "error" (the rank's own code), "died" or "symptom"): the blamed rank first, the others
+    as consequences, the ranks still running (pending) and those done (finished)."""
     blamed = _blame(failures)
     kind, text, tb = failures[blamed]
     lines = [f"rank {blamed} failed: {text}" if kind != "died" else f"rank {blamed} {text}"]

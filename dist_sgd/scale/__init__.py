@@ -1,7 +1,9 @@
 """Part one's end and part two's start, lessons 10-11: what scaling costs, and where.
 
     costmodel   the alpha-beta(-gamma) cost of every all-reduce algorithm and of a step
-    cluster     several nodes on one machine: network namespaces, a bridge, shaped links
-                (python -m dist_sgd.scale.cluster --nodes N --rate R -- CMD)
+    cluster     several nodes on one machine: a bridge, links shaped to a rate, a command
+                run once per node (python -m dist_sgd.scale.cluster --nodes N --rate R -- CMD)
+    netns       the Linux plumbing under it: network namespaces made and removed, their
+                TCP's congestion control, the processes inside them
     summaries   what the network figures' CSVs stand for: the numbers lessons 10 and 12 quote
 """

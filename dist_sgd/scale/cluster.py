@@ -19,7 +19,7 @@ the network's side. This module builds a small cluster out of them:
 
 Each node's eth0 sends through a token-bucket filter (`tc qdisc ... tbf rate RATE`), and so does
 the switch port towards it: every node has a RATE link in each direction, like a switch port, and
-its TCP runs cubic (CONGESTION_CONTROL: Linux's default, whatever this host's is). The
+its TCP runs cubic (netns.CONGESTION_CONTROL: Linux's default, whatever this host's is). The
 nodes share the machine's files and CPUs (so one checkout serves every node) but not its network:
 they reach each other and nothing else (no default route, no NAT, no address outside this run;
 the host's own interfaces are never touched). Each node also gets its own hostname (node0, ...)
@@ -47,22 +47,18 @@ Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2's `ip` and `tc`.
 """
 import argparse
 import contextlib
-import fcntl
 import os
 import random
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-PREFIX = "dsgd"  # every namespace this module makes is named dsgd<pid>n<i> or dsgd<pid>sw
-IFNAME = "eth0"  # each node's interface (names are per namespace: no clash with the host's)
-NETNS_ETC = "/etc/netns"  # `ip netns exec NAME` bind-mounts /etc/netns/NAME/* over /etc/*
+from dist_sgd.scale import netns
+
 _RATE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?)(bit|bps)?\s*$", re.IGNORECASE)
 
 # The links lesson 10 and the benchmark's network parts scale on: SCALING_RATE each way through
@@ -74,22 +70,8 @@ _RATE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?)(bit|bps)?\s*$", re.IGNORECASE)
 # measured): 1 MiB then gains 5%, 4 MiB 1%.
 SCALING_RATE, SCALING_BURST = "100mbit", 70_000
 
-# Every node's TCP runs cubic, Linux's default, whatever the host's is. Some hosts run BBR,
-# which paces each connection at its own estimate of its share: when a rank sends to several
-# peers at once, or to a new partner each round, the link sat idle for 50-150 ms at a time
-# (measured, 8 nodes at 100 Mbit/s: naive's all-reduce of 1 MiB 1218-2238 ms with BBR,
-# 1217-1222 with cubic; halving-doubling's of 4 MiB at 4 nodes 631 ms median, 535 with cubic,
-# the link's 534). Cubic keeps the shaper's queue full: the link, not TCP, sets the pace.
-CONGESTION_CONTROL = "cubic"
-_CC = "net/ipv4/tcp_congestion_control"
 
 
-class ClusterError(RuntimeError):
-    """The cluster could not be built, or a node failed (`.nodes` lists which)."""
-
-    def __init__(self, message, nodes=()):
-        super().__init__(message)
-        self.nodes = list(nodes)
 
 
 def parse_rate(rate):
@@ -108,109 +90,28 @@ def link_goodput(rate_bits, mtu=1500):
     return rate_bits / 8 * (mtu - 52) / (mtu + 14)
 
 
-def _sh(*argv, check=True):
-    """Run one ip/tc command; raise ClusterError with its own error message when it fails."""
-    proc = subprocess.run(argv, capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise ClusterError(f"`{' '.join(argv)}` failed: {proc.stderr.strip() or proc.returncode}")
-    return proc
 
 
-def privilege_problem():
-    """None when namespaces can be made here, else one sentence saying what is missing."""
-    missing = [tool for tool in ("ip", "tc", "unshare") if shutil.which(tool) is None]
-    if missing:
-        return ("dist_sgd.scale.cluster needs iproute2's `ip` and `tc` and util-linux's "
-                f"`unshare`; missing: {', '.join(missing)}.")
-    probe = f"{PREFIX}{os.getpid()}probe"
-    try:
-        made = _sh("ip", "netns", "add", probe, check=False)
-    finally:
-        _sh("ip", "netns", "del", probe, check=False)  # also when a Ctrl-C lands in between
-    if made.returncode != 0:
-        return ("dist_sgd.scale.cluster needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) to create "
-                "network namespaces: run it with sudo, or in a container started with --privileged "
-                f"(ip netns add said: {made.stderr.strip()}).")
-    return None
 
 
-def ours():
-    """Names of the namespaces any run of this module made that still exist."""
-    out = _sh("ip", "netns", "list", check=False).stdout
-    names = [line.split()[0] for line in out.splitlines() if line.strip()]
-    return [n for n in names if re.fullmatch(PREFIX + r"\d+(n\d+|sw|probe)", n)]
 
 
 def run_in_nodes(args, nodes=2, rate="1gbit", timeout=None):
     """`python ARGS` once in every node of a fresh cluster, one rank each (Cluster.run_ranks).
     Returns None, or without the privilege the sentence saying why nothing ran."""
-    problem = privilege_problem()
+    problem = netns.privilege_problem()
     if problem is None:
         with Cluster(nodes, rate=rate) as c:
             c.run_ranks(args, timeout=timeout)
     return problem
 
 
-def cleanup_stale():
-    """Remove what runs killed with SIGKILL left behind (their pid is gone). Returns the names."""
-    removed = []
-    for name in ours():
-        pid = int(re.match(PREFIX + r"(\d+)", name).group(1))
-        if pid != os.getpid() and not os.path.exists(f"/proc/{pid}"):
-            _remove_netns(name)
-            removed.append(name)
-    return removed
 
 
-def _read_sysctl(key, netns=None):
-    """A sysctl's value, in the host's namespace or in netns."""
-    if netns is None:
-        with open(f"/proc/sys/{key}") as f:
-            return f.read().strip()
-    return _sh("ip", "netns", "exec", netns, "cat", f"/proc/sys/{key}").stdout.strip()
 
 
-@contextlib.contextmanager
-def _new_namespaces_use(congestion):
-    """Namespaces made inside copy `congestion` as their TCP congestion control.
-
-    A new namespace starts with the host's default, and inside one only the host's "allowed"
-    algorithms can be set (cubic is not on every host): so the host's default is `congestion`
-    while they are made, and is put back at once (also on an error). None: the host's. A lock
-    file keeps two runs building at once from putting back each other's."""
-    if not congestion:
-        yield
-        return
-    with open(os.path.join(tempfile.gettempdir(), f"{PREFIX}-netns.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        old = _read_sysctl(_CC)
-        if old == congestion:
-            yield
-            return
-        available = _read_sysctl("net/ipv4/tcp_available_congestion_control").split()
-        if congestion not in available:
-            raise ClusterError(f"TCP congestion control {congestion!r} is not available on "
-                               f"this host (it has {', '.join(available)}); pass "
-                               "congestion_control=None to keep the host's")
-        with open(f"/proc/sys/{_CC}", "w") as f:
-            f.write(congestion)
-        try:
-            yield
-        finally:
-            with open(f"/proc/sys/{_CC}", "w") as f:
-                f.write(old)
 
 
-def _remove_netns(name):
-    # Processes still inside keep a namespace (and its links) alive after its name is gone.
-    pids = _sh("ip", "netns", "pids", name, check=False).stdout.split()
-    for pid in pids:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
-    _sh("ip", "netns", "del", name, check=False)  # veth ends go with it; the peer end too
-    shutil.rmtree(os.path.join(NETNS_ETC, name), ignore_errors=True)
 
 
 class Cluster:
@@ -221,7 +122,7 @@ class Cluster:
     """
 
     def __init__(self, nodes, rate=None, mtu=1500, burst=None,
-                 congestion_control=CONGESTION_CONTROL):
+                 congestion_control=netns.CONGESTION_CONTROL):
         if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 250:
             raise ValueError(f"nodes must be a whole number from 1 to 250, got {nodes!r}")
         self.n, self.mtu = nodes, mtu
@@ -229,7 +130,7 @@ class Cluster:
         self.rate, self.burst = rate, burst
         self.congestion_control = congestion_control  # None: the host's
         pid = os.getpid()
-        self.run_id = f"{PREFIX}{pid}"
+        self.run_id = f"{netns.PREFIX}{pid}"
         # A subnet per run (10.x.y.0/24 from the pid): no two live runs share one. They could
         # not meet anyway (separate switches), but distinct addresses keep logs unambiguous.
         self.subnet = f"10.{100 + (pid >> 8) % 150}.{pid % 256}"
@@ -262,10 +163,10 @@ class Cluster:
         self._catch_signals()
         try:
             with self._shield():
-                problem = privilege_problem()
+                problem = netns.privilege_problem()
                 if problem:
-                    raise ClusterError(problem)
-                cleanup_stale()
+                    raise netns.ClusterError(problem)
+                netns.cleanup_stale()
                 self._build()
         except BaseException:
             self.down()
@@ -292,36 +193,37 @@ class Cluster:
         _raise_interrupt(signum, frame)  # not in a step, or a second signal: at once
 
     def _build(self):
-        with _new_namespaces_use(self.congestion_control):
+        with netns.new_namespaces_use(self.congestion_control):
             for name in [self.switch] + self.netns:
-                _sh("ip", "netns", "add", name)
+                netns.sh("ip", "netns", "add", name)
                 self._made.append(name)
         if self.congestion_control:
             for ns in self.netns:  # another run may have put the host's back in between
-                got = _read_sysctl(_CC, ns)
+                got = netns.read_sysctl(netns.CC_SYSCTL, ns)
                 if got != self.congestion_control:
-                    raise ClusterError(f"node {self.netns.index(ns)}'s TCP congestion control "
-                                       f"is {got}, not {self.congestion_control}: was another "
-                                       "cluster being built at the same time? Run it again.")
+                    raise netns.ClusterError(
+                        f"node {self.netns.index(ns)}'s TCP congestion control is {got}, not "
+                        f"{self.congestion_control}: was another cluster being built at the "
+                        "same time? Run it again.")
         sw = self.switch
-        _sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
-        _sh("ip", "-n", sw, "link", "set", "br0", "up")
+        netns.sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
+        netns.sh("ip", "-n", sw, "link", "set", "br0", "up")
         # IPv4 and its IPv6-mapped form (how a dual-stack listener sees its peers).
         hosts = "127.0.0.1 localhost\n" + "".join(
             f"{a} {h}\n::ffff:{a} {h}\n" for a, h in zip(self.addresses, self.hostnames))
         for i, ns in enumerate(self.netns):
             port = f"port{i}"
             # One veth pair, made directly inside the two namespaces: nothing in the host's.
-            _sh("ip", "link", "add", IFNAME, "netns", ns, "mtu", str(self.mtu), "type", "veth",
-                "peer", "name", port, "netns", sw, "mtu", str(self.mtu))
-            _sh("ip", "-n", sw, "link", "set", port, "master", "br0", "up")
-            _sh("ip", "-n", ns, "addr", "add", f"{self.addresses[i]}/24", "dev", IFNAME)
-            _sh("ip", "-n", ns, "link", "set", IFNAME, "up")
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+            netns.sh("ip", "link", "add", netns.IFNAME, "netns", ns, "mtu", str(self.mtu),
+                     "type", "veth", "peer", "name", port, "netns", sw, "mtu", str(self.mtu))
+            netns.sh("ip", "-n", sw, "link", "set", port, "master", "br0", "up")
+            netns.sh("ip", "-n", ns, "addr", "add", f"{self.addresses[i]}/24", "dev", netns.IFNAME)
+            netns.sh("ip", "-n", ns, "link", "set", netns.IFNAME, "up")
+            netns.sh("ip", "-n", ns, "link", "set", "lo", "up")
             if self.rate_bits:
-                self._shape(ns, IFNAME)  # the node's uplink
+                self._shape(ns, netns.IFNAME)  # the node's uplink
                 self._shape(sw, port)  # the switch port towards it: the downlink
-            etc = os.path.join(NETNS_ETC, ns)
+            etc = os.path.join(netns.NETNS_ETC, ns)
             os.makedirs(etc, exist_ok=True)
             with open(os.path.join(etc, "hosts"), "w") as f:
                 f.write(hosts)
@@ -334,8 +236,8 @@ class Cluster:
         # one lets longer bursts pass faster than the link. The queue holds 20 ms of data
         # before tbf drops (TCP then slows down).
         burst = self.burst or int(max(byte_rate * 0.001, 128 * 1024))
-        _sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
-            "rate", f"{int(self.rate_bits)}bit", "burst", str(burst), "latency", "20ms")
+        netns.sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
+                 "rate", f"{int(self.rate_bits)}bit", "burst", str(burst), "latency", "20ms")
 
     def down(self):
         """Stop every node's processes, remove every namespace (with its links and qdiscs)
@@ -344,7 +246,7 @@ class Cluster:
             with self._shield():
                 self.stop()
                 while self._made:
-                    _remove_netns(self._made[-1])
+                    netns.remove_netns(self._made[-1])
                     self._made.pop()
         finally:
             self._restore_signals()
@@ -368,8 +270,8 @@ class Cluster:
     def env(self, rank):
         """The variables a node's command sees (what a cluster scheduler would set)."""
         return {"NODE_RANK": str(rank), "NNODES": str(self.n), "MASTER_ADDR": self.master_addr,
-                "MASTER_PORT": str(self.master_port), "GLOO_SOCKET_IFNAME": IFNAME,
-                "TP_SOCKET_IFNAME": IFNAME}
+                "MASTER_PORT": str(self.master_port), "GLOO_SOCKET_IFNAME": netns.IFNAME,
+                "TP_SOCKET_IFNAME": netns.IFNAME}
 
     def argv(self, rank, cmd):
         """The command line that runs `cmd` inside node `rank` (its netns, its own hostname)."""
@@ -400,7 +302,7 @@ class Cluster:
         codes = [codes[r] for r in range(self.n)]
         failed = [r for r in self.order if codes[r] != 0]
         if failed and check:
-            raise ClusterError(_failure_message(codes, self.order), failed)
+            raise netns.ClusterError(_failure_message(codes, self.order), failed)
         return codes
 
     def start(self, cmd, nodes=None, env=None, output=None):
@@ -431,16 +333,16 @@ class Cluster:
             self._link(rank, "down")
             proc = self._procs.get(rank)
             if proc is not None:
-                _signal_group(proc, signal.SIGKILL)
-            _kill_inside(self.netns[rank])
+                netns.signal_group(proc, signal.SIGKILL)
+            netns.kill_inside(self.netns[rank])
 
     def add_node(self, rank, cmd, env=None):
         """Node `rank` (back, or for the first time) joins: its link up, `cmd` started there."""
         self.start(cmd, nodes=[rank], env=env)
 
     def _link(self, rank, state):
-        for ns, dev in ((self.switch, f"port{rank}"), (self.netns[rank], IFNAME)):
-            _sh("ip", "-n", ns, "link", "set", dev, state)
+        for ns, dev in ((self.switch, f"port{rank}"), (self.netns[rank], netns.IFNAME)):
+            netns.sh("ip", "-n", ns, "link", "set", dev, state)
 
     def wait(self, nodes=None, timeout=None, grace=3.0):
         """Wait for the processes of `nodes` (default: every node started and not removed);
@@ -504,37 +406,24 @@ def _stream(pipe, rank, output, lock):
     pipe.close()
 
 
-def _stop(procs, netns):
+def _stop(procs, names):
     """End every node's process group: SIGTERM, then SIGKILL; then whatever is left inside."""
     alive = [p for p in procs if p.poll() is None]
     for p in alive:
-        _signal_group(p, signal.SIGTERM)
+        netns.signal_group(p, signal.SIGTERM)
     end = time.monotonic() + 5
     for p in alive:
         try:
             p.wait(timeout=max(0.1, end - time.monotonic()))
         except subprocess.TimeoutExpired:
-            _signal_group(p, signal.SIGKILL)
+            netns.signal_group(p, signal.SIGKILL)
             p.wait()
     for p in procs:  # a process that left the group (e.g. a daemon) still sits in the netns
-        _signal_group(p, signal.SIGKILL)
-    for ns in netns:
-        _kill_inside(ns)
+        netns.signal_group(p, signal.SIGKILL)
+    for ns in names:
+        netns.kill_inside(ns)
 
 
-def _kill_inside(ns):
-    for pid in _sh("ip", "netns", "pids", ns, check=False).stdout.split():
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
-
-
-def _signal_group(proc, sig):
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _failure_message(codes, order):
@@ -562,9 +451,9 @@ def main(argv=None):
                         help="each link's speed, e.g. 1gbit, 100mbit (default: unshaped)")
     parser.add_argument("--burst", type=int, default=None,
                         help="tbf's token bucket in bytes (default: 1 ms of the rate, >= 128 KiB)")
-    parser.add_argument("--congestion-control", default=CONGESTION_CONTROL,
-                        help=f"the nodes' TCP congestion control (default {CONGESTION_CONTROL}; "
-                             "'host': the host's)")
+    parser.add_argument("--congestion-control", default=netns.CONGESTION_CONTROL,
+                        help="the nodes' TCP congestion control (default "
+                             f"{netns.CONGESTION_CONTROL}; 'host': the host's)")
     parser.add_argument("--timeout", type=float, default=None, help="stop after this many seconds")
     parser.add_argument("--cleanup", action="store_true",
                         help="remove what killed (SIGKILL) runs left behind, then exit")
@@ -573,11 +462,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if args.cleanup:
-        problem = privilege_problem()
+        problem = netns.privilege_problem()
         if problem:
             print(problem, file=sys.stderr)
             return 2
-        removed = cleanup_stale()
+        removed = netns.cleanup_stale()
         print(f"removed {len(removed)} namespace(s) left behind"
               + (": " + ", ".join(removed) if removed else ""))
         return 0
@@ -600,7 +489,7 @@ def main(argv=None):
                   f"MASTER_ADDR={cluster.master_addr} MASTER_PORT={cluster.master_port}; "
                   f"running: {shown}", flush=True)
             codes = cluster.run(cmd, timeout=args.timeout, check=False)
-    except ClusterError as e:
+    except netns.ClusterError as e:
         print(f"[cluster] {e}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt as e:
