@@ -25,7 +25,10 @@ the same weights, bit for bit: the lesson compares them (tolerance 0).
 One setting on every torchrun command here: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1. torch 2.14.1's
 torchrun keeps one store across restarts, and a restarted rank can read the dead attempt's
 addresses from it and hang in init_process_group (`python -m dist_sgd.faults.restarts`
-reproduces it and explains why); with the setting every restart meets in a fresh store.
+reproduces it and explains why); with the setting every restart meets in a fresh store. How
+torch came to this: the store shared across restarts arrived with torch 2.4 (pytorch#128096);
+pytorch#135712 reported the stale keys; the fix proposed (a fresh store per restart,
+pytorch#135957) is not what 2.14.1's rendezvous does.
 
 Run:
     python lessons/14_fault_tolerance.py                  # the whole story (3 runs, 2 ranks)

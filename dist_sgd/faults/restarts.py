@@ -21,10 +21,8 @@ attempt's addresses until each new rank overwrites its own. Of two ranks, one co
 other listens (decided by address order); when the connecting rank reads the other's key
 before that rank, started late, has rewritten it, it connects to a dead address: nothing
 listens there (refused; gloo retries and fails after seconds, using up a restart) or another
-socket reuses the port (the handshake never completes: the hang). torch's history: the shared
-store came with torch 2.4 (pytorch#128096), issue pytorch#135712 reported the stale keys; the
-fix (a fresh store per restart, pytorch#135957) is not what 2.14.1's rendezvous does, which
-reuses its store server while it lives.
+socket reuses the port (the handshake never completes: the hang). 2.14.1's rendezvous reuses
+its store server while it lives (how torch came to this: lesson 14's docstring).
 
 The work-around, applied on every torchrun path the lessons use:
 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment (torch's own switch). Every
