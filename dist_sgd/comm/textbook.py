@@ -5,7 +5,7 @@
     reduce_scatter(output, input_list)  a ring: p-1 steps, each rank adds what arrives (SUM)
 
 Lesson 03 runs these beside torch's, and they are the course's exercises of the same names
-(`python3 -m dist_sgd.course start broadcast`): torch.distributed's signatures (less group=
+(the course's `start broadcast` writes yours): torch.distributed's signatures (less group=
 and async_op=), in place like torch's, with the library's argument checks, on contiguous
 tensors like torch's. dist_sgd.comm.collectives runs the same tree and ring (allreduce.py)
 over wire.Link, which adds what a library needs on the way: the trace, DIST_SGD_VERBOSE, every

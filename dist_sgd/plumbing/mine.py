@@ -14,8 +14,8 @@ swap to those exercises (names or lesson numbers): `course check` grades one pie
 while the rest stay the library's.
 
 This module imports nothing of torch or dist_sgd: every module with an exercise imports it, at
-the ground floor. The course's registry (dist_sgd/course/exercises.py) lists the same names and
-lessons; tests/test_course.py checks that the two agree.
+the ground floor. The course's registry lists the same names and lessons; tests/test_course.py
+checks that the two agree.
 """
 import importlib.util
 import os
@@ -75,7 +75,8 @@ def swap_in(namespace, name, symbols, lesson=None):
     missing = [s for s in symbols if not hasattr(module, s)]
     if missing:
         raise ImportError(f"{path} must define {', '.join(missing)} (the names the exercise "
-                          f"replaces); `python3 -m dist_sgd.course start {name}` writes them")
+                          f"replaces); the course's `start {name}` writes them (README: "
+                          "'Your turn')")
     for symbol in symbols:
         namespace[symbol] = getattr(module, symbol)
     if (name, os.getpid()) not in _announced and not os.environ.get(QUIET):
