@@ -3,10 +3,10 @@ place, so that p ranks on their shards step as one process on the global batch."
 import copy
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from dist_sgd.course.grade import Grader
+from dist_sgd.sgd.models import Awkward
 
 grader = Grader("average_gradients", error_hints={
     "NoneType": "a parameter whose .grad is None (frozen, or not used in this forward pass) "
@@ -14,25 +14,6 @@ grader = Grader("average_gradients", error_hints={
     "must be contiguous": "all-reduce a contiguous tensor: p.grad itself, or a .contiguous() "
                           "copy written back"})
 PER_RANK = 3  # odd on purpose
-
-
-class Awkward(nn.Module):
-    """A frozen weight, a layer never used, a weight tied between two layers, a buffer."""
-
-    def __init__(self):
-        super().__init__()
-        self.inp = nn.Linear(20, 12)
-        self.frozen = nn.Linear(12, 12)
-        self.frozen.weight.requires_grad_(False)
-        self.a, self.b = nn.Linear(12, 12), nn.Linear(12, 12)
-        self.b.weight = self.a.weight  # one Parameter, two uses: its .grad already sums both
-        self.unused = nn.Linear(12, 5)
-        self.head = nn.Linear(12, 5)
-        self.register_buffer("running", torch.zeros(12))
-
-    def forward(self, x):
-        h = torch.tanh(self.b(torch.tanh(self.a(self.frozen(torch.tanh(self.inp(x)))))))
-        return F.log_softmax(self.head(h), dim=1)
 
 
 def _setup(ctx, step=0):
