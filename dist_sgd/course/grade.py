@@ -46,8 +46,25 @@ COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_in
                "gather", "scatter", "all_gather_object", "broadcast_object_list",
                "gather_object", "scatter_object_list", "barrier")
 SENDS, RECEIVES = ("isend", "send"), ("irecv", "recv")
-HANG_HINT = ("a rank waited for a message that never came: post each receive before the send "
-             "it pairs with, and have every rank make the same calls in the same order")
+# What a hang means, by how the piece talks (a grader picks the one that fits its exercise).
+HANG_HINT = ("a rank waited for a message that never came: every rank must make the same "
+             "collective calls in the same order (a rank that skips one, or makes one more, "
+             "leaves the others waiting)")
+PAIRED_HANG_HINT = ("a rank waited for a message that never came: each receive needs a send "
+                    "from the rank it names, and each send a receive (check src and dst on "
+                    "both sides); with isend/irecv, post the receive before the send it pairs "
+                    "with, and wait for both")
+BLOCKING_HANG_HINT = ("a rank waited for a message that never came: a blocking send waits for "
+                      "its receiver, so if every rank sends first (or every rank receives "
+                      "first) nobody gets through: let some ranks listen first, as lesson 02 "
+                      "does: even ranks send then receive, odd ranks receive then send")
+# Errors that mean the same in every exercise: {text in the error: hint}.
+COMMON_ERROR_HINTS = {
+    "Pair is not connected": "a rank sent to (or received from) itself: a message never goes "
+                             "to your own rank; skip it, or check the src/dst arithmetic",
+    "killed by signal 6": "a rank's process aborted inside gloo: usually a sender and its "
+                          "receiver disagree on a message's size (the receive buffer must have "
+                          "as many elements, of the same dtype, as the tensor sent)"}
 
 
 class Failure(AssertionError):
@@ -380,7 +397,8 @@ def _error_hints(grader, text):
     if "NotImplementedError" in text:
         return [f"write the part marked NotImplementedError (python3 -m dist_sgd.course hint "
                 f"{grader.exercise.name})"]
-    return [hint for key, hint in grader.error_hints.items() if key in text][:2]
+    hints = dict(COMMON_ERROR_HINTS, **grader.error_hints)
+    return [hint for key, hint in hints.items() if key in text][:2]
 
 
 def _from_rank_error(grader, title, world_size, error):
@@ -401,7 +419,7 @@ def _from_rank_error(grader, title, world_size, error):
                                   else "a receive or collective timed out")
         hints = [grader.hang_hint]
     else:
-        text, hints = text.split("; hint:")[0], _error_hints(grader, tb)
+        text, hints = text.split("; hint:")[0], _error_hints(grader, tb + "\n" + first)
     line = f"{grader.exercise.name}, world size {world_size}, rank {error.rank}, {title}: {text}"
     return Result(title, world_size, False, line[:400], hints[:2], hung)
 

@@ -5,9 +5,10 @@ import math
 import torch
 import torch.distributed as dist
 
-from dist_sgd.course.grade import COLLECTIVES, Grader, random_input
+from dist_sgd.course.grade import COLLECTIVES, PAIRED_HANG_HINT, Grader, random_input
 
-grader = Grader("broadcast", forbid=COLLECTIVES, error_hints={
+grader = Grader("broadcast", forbid=COLLECTIVES, hang_hint=PAIRED_HANG_HINT,
+                error_hints={
     "must be a rank": "src is a rank: pass it on as it is",
     "doesn't match": "every rank receives into its own tensor: the same size as src's"})
 

@@ -4,9 +4,10 @@ unchanged, equal to torch's (SUM)."""
 import torch
 import torch.distributed as dist
 
-from dist_sgd.course.grade import COLLECTIVES, Grader
+from dist_sgd.course.grade import COLLECTIVES, PAIRED_HANG_HINT, Grader
 
-grader = Grader("reduce_scatter", forbid=COLLECTIVES, error_hints={
+grader = Grader("reduce_scatter", forbid=COLLECTIVES, hang_hint=PAIRED_HANG_HINT,
+                error_hints={
     "doesn't match": "each message is one entry of the list: receive into a buffer shaped "
                      "like output",
     "must be a list": "input_list holds world size tensors: pass it on as it is"})

@@ -3,9 +3,10 @@ one chunk per message (about 2(p-1)/p of the tensor sent per rank), equal to tor
 import torch
 import torch.distributed as dist
 
-from dist_sgd.course.grade import COLLECTIVES, Grader, random_input
+from dist_sgd.course.grade import COLLECTIVES, PAIRED_HANG_HINT, Grader, random_input
 
-grader = Grader("ring_all_reduce", forbid=COLLECTIVES, error_hints={
+grader = Grader("ring_all_reduce", forbid=COLLECTIVES, hang_hint=PAIRED_HANG_HINT,
+                error_hints={
     "out of range": "x.tensor_split(p) always gives p chunks (torch.chunk may give fewer)",
     "must be contiguous": "send a chunk of x itself (a view), or .contiguous() a copy, then "
                           "copy the arrived values back into x",

@@ -4,9 +4,10 @@ for its receiver, so every rank sending first hangs: a failed check, after the t
 import torch
 import torch.distributed as dist
 
-from dist_sgd.course.grade import COLLECTIVES, Grader, random_input
+from dist_sgd.course.grade import BLOCKING_HANG_HINT, COLLECTIVES, Grader, random_input
 
-grader = Grader("ring_sum", forbid=COLLECTIVES, error_hints={
+grader = Grader("ring_sum", forbid=COLLECTIVES, hang_hint=BLOCKING_HANG_HINT,
+                error_hints={
     "doesn't match": "receive into a buffer the size of the tensor your left neighbour sends"})
 
 
