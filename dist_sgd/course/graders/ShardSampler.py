@@ -47,10 +47,39 @@ def _indices(ctx, n, epoch=0, **options):
     return got, list(torchs), ctx.call(len, sampler)
 
 
+def _blocks(ctx, n, epoch, options):
+    """This rank's indices had it taken a block of torch's order, not every p-th index."""
+    p = ctx.world_size
+    ranks = []
+    for r in range(p):
+        theirs = DistributedSampler(Items(n), num_replicas=p, rank=r, **options)
+        theirs.set_epoch(epoch)
+        ranks.append(list(theirs))
+    order = [ranks[j % p][j // p] for j in range(len(ranks[0]) * p)]
+    k = len(ranks[ctx.rank])
+    return order[ctx.rank * k:(ctx.rank + 1) * k]
+
+
+def _fitting(ctx, hints, got, expected, n, epoch, options):
+    """The hints the evidence supports: "strided" when this rank took a block of the order,
+    "seed" when it took other indices than torch's, and not as a block."""
+    blocks = ctx.world_size > 1 and got == _blocks(ctx, n, epoch, options)
+    keep = []
+    for hint in hints:
+        if hint == HINTS["strided"] and not blocks:
+            continue
+        if hint == HINTS["seed"] and (blocks or sorted(got) == sorted(expected)):
+            continue
+        keep.append(hint)
+    return keep
+
+
 def _compare(ctx, cases, hints):
     """cases: [(n, epoch, options)]: every one's indices and length equal torch's."""
+    every = hints
     for n, epoch, options in cases:
         got, expected, length = _indices(ctx, n, epoch, **options)
+        hints = _fitting(ctx, every, got, expected, n, epoch, options)
         what = f"n = {n}, epoch {epoch}, " + ", ".join(f"{k}={v}" for k, v in options.items())
         ctx.expect(len(got) == len(expected), f"{what}: {len(got)} indices on this rank, "
                    f"expected {len(expected)}", hints)
