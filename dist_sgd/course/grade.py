@@ -62,6 +62,9 @@ BLOCKING_HANG_HINT = ("a rank waited for a message that never came: a blocking s
 COMMON_ERROR_HINTS = {
     "Pair is not connected": "a rank sent to (or received from) itself: a message never goes "
                              "to your own rank; skip it, or check the src/dst arithmetic",
+    "should not be the same as the rank of the current process":
+        "a rank sent to (or received from) itself: a message never goes to your own rank; "
+        "skip it, or check the src/dst arithmetic",
     "killed by signal 6": "a rank's process aborted inside gloo: usually a sender and its "
                           "receiver disagree on a message's size (the receive buffer must have "
                           "as many elements, of the same dtype, as the tensor sent)"}

@@ -17,7 +17,10 @@ grader = Grader("DataParallel", error_hints={
     "out of range": "torch's chunk may give fewer chunks than devices (5 rows on 4 devices: "
                     "2 + 2 + 1): run only as many replicas as there are chunks",
     "zip() argument": "containers: zip the pieces of every element, which all have the same "
-                      "number of chunks (the batch is split alike everywhere)"})
+                      "number of chunks (the batch is split alike everywhere)",
+    "Sizes of tensors must match except in dimension":
+        "gather concatenates the replicas' outputs along dim: they differ in size there only, "
+        "so torch.cat(outputs, dim=dim), the dim the batch was scattered on"})
 Pair = namedtuple("Pair", "left right")
 CPU = torch.device("cpu")
 CHUNKS = ("torch's rule is tensor.chunk(p, dim): ceil(n / p) rows per chunk, the last ones "
