@@ -110,7 +110,7 @@ def gather_like_torch(ctx):
         _same(ctx, got, expected, f"gather of {replicas} outputs (dim {dim})")
 
 
-class Awkward(nn.Module):
+class KeywordsAndTuple(nn.Module):
     """A keyword tensor and a keyword float, a tied weight, a frozen layer, a tuple output with
     a dict in it."""
 
@@ -128,9 +128,9 @@ class Awkward(nn.Module):
 
 def _one_process_and_ours(ctx, rows, replicas, dim=0):
     torch.manual_seed(0)
-    single = Awkward().double()
+    single = KeywordsAndTuple().double()
     torch.manual_seed(0)
-    mine = Awkward().double()
+    mine = KeywordsAndTuple().double()
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 6, generator=g, dtype=torch.float64)
     mask = (torch.rand(rows, 5, generator=g) > 0.3).double()
