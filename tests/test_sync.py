@@ -93,7 +93,8 @@ def test_the_average_gradients_grader_passes_every_way(world_size, way, title):
 def with_our_sgd(rank, world_size):
     """STEPS steps of Awkward: this rank's share + average_gradients + our SGD (momentum,
     weight decay), against one process on each whole global batch with torch.optim.SGD; and
-    the number of all-reduce calls average_gradients says it made."""
+    the number of all-reduce calls average_gradients says it made; the ranks' weights equal
+    bit for bit."""
     props = Checks(rank)
     x, y = data_for(world_size)
     for way, (all_reduce, flat) in WAYS.items():
@@ -118,12 +119,19 @@ def with_our_sgd(rank, world_size):
         with props.check(f"weights {way}"):
             for (name, p), q in zip(model.named_parameters(), ref.parameters()):
                 torch.testing.assert_close(p, q, msg=f"weight {name} after {STEPS} steps")
+        with props.check(f"identical {way}"):
+            assert max_diff_across_ranks(model) == 0.0, "ranks hold different weights"
     return props
 
 
 @pytest.mark.parametrize("way", WAYS)
 def test_weights_after_steps_with_our_sgd_equal_single_process_torch_sgd(world_size, way):
     held(world_size, with_our_sgd, f"weights {way}")
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_ranks_hold_bitwise_identical_weights_with_our_sgd(world_size, way):
+    held(world_size, with_our_sgd, f"identical {way}")
 
 
 @pytest.mark.parametrize("way", WAYS)

@@ -14,14 +14,16 @@ grader) are registered by name, and one group per world size runs them one after
 
 Every rank records, per case, None when it held or its failure (the message of the exception
 it raised), and the value the case returned. results(world_size) launches the group once and
-keeps what came back; held() and values() read it. run() is the general form, which the
+keeps what came back (per rank, {key: Outcome}); held() reads it, and a case that proves
+several properties returns Checks. run() is the general form, which the
 course's grading uses: some of the cases, `stop` at the first one that failed on any rank (the
 ranks compare notes after each case, so all stop together), a progress file that names the
 case a broken group was in (a hang is pinned on its case), a timeout on each operation and a
 deadline for the whole run.
 
 A subclass changes what runs around a case: prepare() once per rank (the values every case
-receives after rank and world size), attempt() for one case (what counts as its failure).
+receives after rank and world size), attempt() for one case (what counts as its failure),
+clean() (a failure after which the group may go on: one that sent nothing on any rank).
 The object travels to the ranks by pickle: its cases must be module-level functions.
 """
 import contextlib
@@ -180,11 +182,6 @@ class Cases:
             assert all(part in r[key].value for r in found), f"{part!r} was never checked"
             failures = [r[key].value[part] for r in found if r[key].value[part] is not None]
         assert not failures, "\n".join(failures)
-
-    def values(self, world_size, case, **values):
-        """What the case returned on each rank, in rank order (once it held everywhere)."""
-        self.held(world_size, case, **values)
-        return [r[key_of(case, values)].value for r in self.results(world_size)]
 
 
 def _run_group(rank, world_size, cases, keys, args, stop, progress):

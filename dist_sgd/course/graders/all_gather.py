@@ -32,16 +32,21 @@ def _like_torch(ctx, shape, dtype):
 
 @grader.case("n = 7 float32 numbers per rank")
 def odd(ctx):
+    """Tensor_list holds every rank's tensor in rank order, bit for bit as dist.all_gather's,
+    this rank's own entry included."""
     _like_torch(ctx, (7,), torch.float32)
 
 
 @grader.case("a 2 x 3 int64 tensor per rank (entries keep shape and dtype)")
 def integers(ctx):
+    """The same for int64 matrices: the entries keep shape and dtype."""
     _like_torch(ctx, (2, 3), torch.int64)
 
 
 @grader.case("bytes sent per rank for n = 10000 float32 numbers")
 def bytes_sent(ctx):
+    """Each rank sends its tensor's worth p - 1 times at most (one tensor per message, no rank
+    gathering for everyone)."""
     n, p = 10000, ctx.world_size
     ctx.call(ctx.impl.all_gather, [torch.empty(n) for _ in range(p)],
              _input(ctx.rank, (n,), torch.float32))
