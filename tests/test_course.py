@@ -265,6 +265,37 @@ def test_a_failure_line_names_the_element_got_expected_and_the_tolerance(quick_t
         "average_gradients: 1 of 4 checks pass (3 fail)")
 
 
+def _strings(node):
+    """The texts a string expression can make: literals, f-strings ({} for each value), "a" +
+    ("b" if c else "c")."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.JoinedStr):
+        return ["".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return [a + b for a in _strings(node.left) for b in _strings(node.right)]
+    if isinstance(node, ast.IfExp):
+        return _strings(node.body) + _strings(node.orelse)
+    return ["{}"]
+
+
+def _hint_texts():
+    """Every string the graders and grade.py can write."""
+    texts = []
+    for path in glob.glob(os.path.join(ROOT, "dist_sgd", "course", "grade*.py")) + \
+            glob.glob(os.path.join(ROOT, "dist_sgd", "course", "graders", "*.py")):
+        for node in ast.walk(ast.parse(open(path).read())):
+            texts += _strings(node)
+    return texts
+
+
+def test_each_declared_hint_is_a_graders_hint():
+    texts = _hint_texts()
+    stale = [(os.path.basename(m), h) for m in WRONG for h in hints_declared(m)
+             if not any(h in t for t in texts)]
+    assert not stale, f"HINT names no hint a grader gives: {stale}"
+
+
 def test_numbers_are_shown_with_the_digits_that_tell_them_apart():
     assert grade._apart(1.5409960001, 1.5409960002) == ("1.5409960001", "1.5409960002")
     assert grade._apart(0.25, 0.75) == ("0.25", "0.75")
