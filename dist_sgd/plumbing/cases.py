@@ -150,8 +150,9 @@ class Cases:
             backend=None):
         """Launch one group of world_size ranks running `keys` (default: every case at that
         size) in order: per rank, {key: Outcome}. stop: end at the first case that failed on
-        any rank (unless it failed cleanly on every rank: see clean()). args: passed to prepare() on every rank. A broken group (a rank raised
-        outside a case, died, hung or passed the deadline) raises GroupBroke."""
+        any rank (unless it failed cleanly on every rank: see clean()). args: passed to
+        prepare() on every rank. A broken group (a rank raised outside a case, died, hung or
+        passed the deadline) raises GroupBroke."""
         keys = self.at(world_size) if keys is None else list(keys)
         options = {"backend": backend, "deadline": deadline}
         if timeout is not None:
