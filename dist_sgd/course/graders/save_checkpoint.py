@@ -82,6 +82,8 @@ def _expect_step(ctx, state, step):
 @grader.case("saved, then loaded into a fresh model: weights, momentum, learning rate",
              world_sizes=(1,))
 def round_trip(ctx):
+    """A fresh model and optimizer loaded from the checkpoint hold the saved weights, momentum
+    buffers and learning rate, and the step is returned."""
     folder = _folder(ctx)
     model = _model()
     opt = _optimizer(model)
@@ -107,6 +109,8 @@ def round_trip(ctx):
 
 @grader.case("killed after step 3 of 6 and resumed: the uninterrupted run's weights")
 def resumed_run(ctx):
+    """A run killed after step 3 and resumed from its latest checkpoint ends with the
+    uninterrupted run's weights, bit for bit (model, optimizer and generators all restored)."""
     folder = _folder(ctx)
     straight = _model()
     opt = _optimizer(straight)
@@ -140,6 +144,8 @@ def resumed_run(ctx):
 
 @grader.case("each rank's own random generators come back")
 def own_generators(ctx):
+    """After loading, each rank's torch and Python generators draw what they would have drawn
+    uninterrupted: each rank's own state."""
     folder = _folder(ctx)
     model = _model()
     opt = _optimizer(model)
@@ -162,6 +168,8 @@ def own_generators(ctx):
 @grader.case("an empty folder: load_checkpoint returns None and changes nothing",
              world_sizes=(1,))
 def nothing_yet(ctx):
+    """Load_checkpoint on an empty folder returns None and leaves the model and optimizer as
+    they were."""
     folder = _folder(ctx)
     model = _model()
     opt = _optimizer(model)
