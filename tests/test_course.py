@@ -388,6 +388,13 @@ def test_start_check_fails_then_passes_once_written_and_start_never_overwrites(
     assert "hint 1 of" in first and "hint 2 of" in second
 
 
+@pytest.mark.parametrize("exercise", each_exercise())
+def test_every_case_says_what_it_proves(exercise):
+    """check --list shows it: the case's docstring (or its proves= text)."""
+    bare = [c.title for c in cases(exercise).values() if len(c.proves.split()) < 5]
+    assert not bare, f"cases with no docstring saying what they prove: {bare}"
+
+
 def test_check_list_shows_what_is_checked_without_grading(capsys):
     assert course_main(["check", "--list", "06"]) == 0
     out = capsys.readouterr().out

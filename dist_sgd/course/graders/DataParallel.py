@@ -82,6 +82,8 @@ def _inputs(rows, dim):
 
 @grader.case("scatter: 10, 5 and 3 rows over 4 devices, nested containers, as torch")
 def scatter_like_torch(ctx):
+    """Scatter splits tensors in nested containers as torch's scatter does (tensor.chunk along
+    dim), uneven and along dim 1 too."""
     for rows, devices, dim in ((10, 4, 0), (5, 4, 0), (3, 4, 0), (7, 3, 1)):
         obj = _inputs(rows, dim)
         with _torch_rules_on_cpu():
@@ -93,6 +95,8 @@ def scatter_like_torch(ctx):
 
 @grader.case("gather: tuples, dicts, None, namedtuples and one loss per replica, as torch")
 def gather_like_torch(ctx):
+    """Gather rebuilds tuples, dicts, None, namedtuples and per-replica losses as torch's
+    gather does, concatenating along dim."""
     for replicas, dim in ((3, 0), (2, 1)):
         g = torch.Generator().manual_seed(replicas)
         outputs = [(Pair(torch.randn(2, 3, generator=g), None),
@@ -165,12 +169,16 @@ def _expect_one_process(ctx, single, mine, results, where):
 
 @grader.case("forward and backward, 7 rows over 3 replicas: one process's output and gradients")
 def one_process(ctx):
+    """Forward and backward through DataParallel give one process's output and gradients on the
+    whole batch (keyword inputs, tied and frozen weights)."""
     single, mine, results = _one_process_and_ours(ctx, 7, 3)
     _expect_one_process(ctx, single, mine, results, "7 rows over 3 replicas")
 
 
 @grader.case("5 rows over 4 replicas (3 chunks), 1 row over 2, and 1 replica")
 def fewer_chunks(ctx):
+    """The same when there are fewer rows than replicas (fewer chunks than devices) and with
+    one replica."""
     for rows, replicas in ((5, 4), (1, 2), (4, 1)):
         single, mine, results = _one_process_and_ours(ctx, rows, replicas)
         _expect_one_process(ctx, single, mine, results, f"{rows} rows over {replicas} replicas")
