@@ -1,7 +1,7 @@
 """dist_sgd.comm.collectives against torch.distributed (gloo), on the same inputs, at world sizes 1-4.
 
-One launch() per world size (a spawn costs seconds) runs every case inside the ranks and
-returns a dict. Each case (a function marked @part) sits right above the tests that read it.
+One group per world size (a spawn costs seconds) runs every case inside the ranks
+(dist_sgd.plumbing.cases) and returns what each returned. Each case (a function marked @part) sits right above the tests that read it.
 Inside the ranks a failed comparison is recorded under its property's name, not raised, so a
 broken piece fails the test that names it and leaves the others alone.
 
@@ -25,6 +25,7 @@ from torch.distributed import ReduceOp
 
 from dist_sgd.comm import collectives as C
 from dist_sgd.comm import ring_pipelined
+from dist_sgd.plumbing.cases import Cases
 from dist_sgd.plumbing.launch import launch
 from dist_sgd.comm.wire import split
 
@@ -103,31 +104,35 @@ class Recorder:
 
 # ---- one spawned group per world size runs every part below --------------------------------
 
-PARTS = {}  # key in every rank's result -> fn(rec, rank, size), in the order they are defined
+def recorder(rank, size):
+    """What every part receives after rank and size: this rank's one Recorder."""
+    return (Recorder(),)
+
+
+CASES = Cases(setup=recorder)
 
 
 def part(key):
-    """Mark fn(rec, rank, size) as a case run inside the ranks; its value is stored at `key`."""
-    def register(fn):
-        PARTS[key] = fn
-        return fn
-    return register
+    """Mark fn(rank, size, rec) as a case run inside the ranks; its value is read at `key`."""
+    return CASES.case(key)
 
 
-def run_all(rank, size):
-    rec, seconds, out = Recorder(), {}, {}
-    for key, fn in PARTS.items():
-        start = time.perf_counter()
-        out[key] = fn(rec, rank, size)
-        seconds[key] = round(time.perf_counter() - start, 2)
-    out["seconds"] = seconds
-    out.update(count=rec.count, failed=rec.failed, digests=rec.digests)
-    return out
+class Read(dict):
+    """One rank's values by part, and the Recorder's count, failed and digests; reading a part
+    that raised inside the ranks fails with its message."""
+
+    def __init__(self, outcomes):
+        super().__init__({k: o.value for k, o in outcomes.items() if o.failure is None})
+        self.failures = {k: o.failure for k, o in outcomes.items() if o.failure is not None}
+        self.update(self.pop("recorded", None) or {})
+
+    def __missing__(self, key):
+        raise AssertionError(self.failures.get(key, f"no part {key!r} ran"))
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3, 4])
 def results(request):
-    return request.param, launch(run_all, request.param)
+    return request.param, [Read(r) for r in CASES.results(request.param)]
 
 
 def passed(res, prop, at_least=1):
@@ -139,7 +144,7 @@ def passed(res, prop, at_least=1):
 # ---- equal to torch.distributed -----------------------------------------------------------
 
 @part("all_reduce")
-def check_all_reduce(rec, rank, size):
+def check_all_reduce(rank, size, rec):
     # Every op on the ring, SUM on the others (check_every_op runs every op on every algorithm).
     for alg in C.ALL_REDUCE_ALGORITHMS:
         for op_name, op in OPS.items() if alg == "ring" else [("sum", OPS["sum"])]:
@@ -162,7 +167,7 @@ def test_all_reduce_matches_torch_every_algorithm(results):
 
 
 @part("rooted")
-def check_rooted(rec, rank, size):
+def check_rooted(rank, size, rec):
     """broadcast, reduce, gather, scatter: every kind at the last root (not 0, the tree's
     favourite) with every dtype, and reduce with SUM and MAX; float32 and SUM at the other
     roots (check_every_op runs reduce with every op)."""
@@ -219,7 +224,7 @@ def test_gather_and_scatter_match_torch(results):
 
 
 @part("all_to_all")
-def check_all_to_all(rec, rank, size):
+def check_all_to_all(rank, size, rec):
     """all_gather and reduce_scatter: lists of awkward tensors, inputs left unchanged."""
     for dtype in DTYPES:
         for i, kind in enumerate(KINDS):
@@ -269,7 +274,7 @@ def torch_refuses(call):
 
 
 @part("verdicts")
-def check_every_op(rec, rank, size):
+def check_every_op(rank, size, rec):
     """Every gloo ReduceOp on every dtype: ours gives torch's result where torch gives one,
     and refuses (before any message) exactly where torch refuses."""
     verdicts = {}
@@ -337,7 +342,7 @@ def test_bad_dtype_rejected_before_any_message(results):
 
 
 @part("nan")
-def nan_min_max(rec, rank, size):
+def nan_min_max(rank, size, rec):
     """MIN and MAX with NaNs on some ranks, through every algorithm: a NaN on any rank makes
     the result NaN there, as torch.amin / torch.amax give on everyone's tensors stacked.
     gloo is not the reference here: which NaNs it keeps depends on the order it combines the
@@ -373,7 +378,7 @@ def test_min_and_max_propagate_every_nan(results):
 
 
 @part("pipelined")
-def check_pipelined_segments(rec, rank, size):
+def check_pipelined_segments(rank, size, rec):
     """ring_pipelined with tiny segments and window: many segments per message, buffers
     reposted; then the real segment size, with messages of more than one segment."""
     old = ring_pipelined.SEGMENT_BYTES, ring_pipelined.WINDOW
@@ -408,7 +413,7 @@ def test_pipelined_ring_cuts_chunks_into_segments_and_matches_torch(results):
 # ---- the ring's shape -------------------------------------------------------------------------
 
 @part("traces")
-def ring_messages(rec, rank, size):
+def ring_messages(rank, size, rec):
     """The ring's trace: at 16 MiB, and at tiny sizes (chunks may be empty)."""
     traces = {}
     for n in (0, 1, 3, 7, 1001, BIG):
@@ -458,7 +463,7 @@ def test_trace_records_every_algorithms_messages(results):
 
 
 @part("orders")
-def posting_order(rec, rank, size):
+def posting_order(rank, size, rec):
     """The order in which each collective calls dist.irecv / dist.isend on this rank."""
     calls, real = [], (dist.irecv, dist.isend)
 
@@ -510,7 +515,7 @@ def test_receives_are_posted_before_sends(results):
 
 
 @part("verbose")
-def verbose_print(rec, rank, size):
+def verbose_print(rank, size, rec):
     os.environ["DIST_SGD_VERBOSE"] = "1"
     out = io.StringIO()
     try:
@@ -531,7 +536,7 @@ def test_verbose_prints_every_send_and_receive(results):
 
 
 @part("barrier")
-def barrier_times(rec, rank, size):
+def barrier_times(rank, size, rec):
     time.sleep(0.2 if rank == size - 1 else 0.0)  # the last rank comes late to the barrier
     entered = time.time()
     C.barrier()
@@ -547,7 +552,7 @@ def test_barrier_waits_for_everyone(results):
 # ---- bad input ---------------------------------------------------------------------------
 
 @part("errors")
-def errors(rec, rank, size):
+def errors(rank, size, rec):
     """Bad input that every rank passes alike: each raises before sending anything."""
     t = torch.ones(4)
     bad = {
@@ -644,6 +649,11 @@ def test_bad_input_gets_a_clear_error(results):
     assert m["after"] == (torch.arange(5.0) * size + sum(range(size))).tolist()
     assert m["parameter"] == [float(size * (size - 1))] * 3
     assert all(r["errors"] == m for r in res[1:]), "every rank raises alike"
+
+
+@part("recorded")  # registered last: what every part before recorded
+def recorded(rank, size, rec):
+    return {"count": rec.count, "failed": rec.failed, "digests": rec.digests}
 
 
 def _cuda_cases(rank, size):

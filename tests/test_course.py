@@ -30,12 +30,29 @@ def exercise_of(path):
     return get(os.path.basename(path).split("__")[0])
 
 
-def caught_by(path):
+def declared(path, name, default=None):
+    """A constant the mutant file sets at its top level (CAUGHT_BY, HINT, PATCH)."""
     tree = ast.parse(open(path).read())
     for node in tree.body:
-        if isinstance(node, ast.Assign) and node.targets[0].id == "CAUGHT_BY":
-            return node.value.value
-    raise AssertionError(f"{path} names no CAUGHT_BY case")
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == name:
+            return ast.literal_eval(node.value)
+    return default
+
+
+def caught_by(path):
+    title = declared(path, "CAUGHT_BY")
+    assert title is not None, f"{path} names no CAUGHT_BY case"
+    return title
+
+
+def hints_declared(path):
+    """HINT: the text (or texts) of the hint its failure must carry: the hint for its symptom.
+    A wrong version that declares none must get no hint another one declares."""
+    hint = declared(path, "HINT", ())
+    return (hint,) if isinstance(hint, str) else tuple(hint)
+
+
+DECLARED = {h for m in WRONG for h in hints_declared(m)}
 
 
 def learner_file(path, folder):
@@ -100,7 +117,7 @@ class Gradings:
         exercise, path = exercise_of(name), learner_file(name, folder)
         if kind == "wrong":
             return grade.run_grader(exercise.name, ("file", path), titles=[caught_by(name)],
-                                    timeout=QUICK_TIMEOUT)
+                                    timeout=QUICK_TIMEOUT, stop_at_first=True)
         return grade.run_grader(exercise.name, ("file", path), timeout=grade.OPERATION_TIMEOUT)
 
     def results(self, kind, name):
@@ -175,6 +192,26 @@ def test_the_skeleton_keeps_names_and_blanks_every_region(exercise):
 
 
 @pytest.mark.parametrize("exercise", each_exercise())
+def test_every_helper_a_skeleton_uses_says_what_it_does(exercise):
+    """A learner reads what the skeleton imports (or carries over) to use it: each function
+    and class there has a docstring."""
+    import inspect
+    undocumented = []
+    for node in ast.parse(skeleton(exercise)).body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dist_sgd"):
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                obj = getattr(module, alias.name)
+                if (inspect.isfunction(obj) or inspect.isclass(obj)) and \
+                        not (obj.__doc__ or "").strip():
+                    undocumented.append(f"{node.module}.{alias.name}")
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)) and \
+                node.name not in exercise.symbols and not ast.get_docstring(node):
+            undocumented.append(node.name)
+    assert not undocumented, f"no docstring: {undocumented}"
+
+
+@pytest.mark.parametrize("exercise", each_exercise())
 def test_the_untouched_skeleton_fails_every_case(exercise, gradings):
     results = gradings.results("skeleton", exercise.name)
     assert {r.title for r in results} == set(cases(exercise)), "every case ran"
@@ -192,9 +229,17 @@ def test_each_wrong_version_is_rejected_by_its_case(path, tmp_path, gradings):
     results = gradings.results("wrong", mutant)  # run_grader(..., titles=[title])
     failed = [r for r in results if not r.ok]
     assert failed, f"{os.path.basename(path)} passes '{title}' at every world size"
-    line = failed[0].line
+    line, shown = failed[0].line, failed[0].hints
     assert f"{exercise.name}, world size" in line and ", rank " in line and title in line, line
-    assert len(failed[0].hints) <= 2
+    assert len(shown) <= 2
+    # A hint is the hint: the one for its symptom fires, none meant for another mistake does.
+    mine = hints_declared(mutant)
+    for hint in mine:
+        assert any(hint in h for h in shown), f"its hint ({hint!r}) did not fire: {line} {shown}"
+    for h in shown:
+        others = [d for d in DECLARED if d in h]
+        assert not others or any(d in h for d in mine), \
+            f"a hint meant for another mistake ({others[0]!r}) fired on this one: {line} {shown}"
 
 
 @pytest.mark.parametrize("path", by_exercise(RIGHT))
@@ -206,21 +251,69 @@ def test_each_independent_right_version_passes(path, gradings):
 
 def test_a_failure_line_names_the_element_got_expected_and_the_tolerance(quick_timeouts):
     path = os.path.join(ROOT, "tests", "mutants", "average_gradients__not_divided.py")
-    results = grade.run_grader("average_gradients", ("file", path), world_sizes=(2,),
-                               titles=[caught_by(path)])
-    line, hints = results[0].line, results[0].hints
+    results = grade.run_grader("average_gradients", ("file", path), titles=[caught_by(path)])
+    # Every world size is graded: right at 1 (nothing to divide), wrong at 2, 3 and 4.
+    assert [(r.world_size, r.ok) for r in results] == [(1, True), (2, False), (3, False),
+                                                        (4, False)], results
+    line, hints = results[1].line, results[1].hints
     assert "world size 2, rank 0" in line and "element [0, 0] is" in line, line
-    assert "expected" in line and "(tolerance 1e-12" in line, line
+    assert "expected" in line and ", a difference of " in line, line
+    assert "(tolerance 1e-12" in line, line
     assert hints == ["the result is p = 2 times too big: summed but not divided by the world "
                      "size"], hints
+    assert grade.report("average_gradients", results)[0].startswith(
+        "average_gradients: 1 of 4 checks pass (3 fail)")
+
+
+def _strings(node):
+    """The texts a string expression can make: literals, f-strings ({} for each value), "a" +
+    ("b" if c else "c")."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.JoinedStr):
+        return ["".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return [a + b for a in _strings(node.left) for b in _strings(node.right)]
+    if isinstance(node, ast.IfExp):
+        return _strings(node.body) + _strings(node.orelse)
+    return ["{}"]
+
+
+def _hint_texts():
+    """Every string the graders and grade.py can write."""
+    texts = []
+    for path in glob.glob(os.path.join(ROOT, "dist_sgd", "course", "grade*.py")) + \
+            glob.glob(os.path.join(ROOT, "dist_sgd", "course", "graders", "*.py")):
+        for node in ast.walk(ast.parse(open(path).read())):
+            texts += _strings(node)
+    return texts
+
+
+def test_each_declared_hint_is_a_graders_hint():
+    texts = _hint_texts()
+    stale = [(os.path.basename(m), h) for m in WRONG for h in hints_declared(m)
+             if not any(h in t for t in texts)]
+    assert not stale, f"HINT names no hint a grader gives: {stale}"
+
+
+def test_numbers_are_shown_with_the_digits_that_tell_them_apart():
+    assert grade._apart(1.5409960001, 1.5409960002) == ("1.5409960001", "1.5409960002")
+    assert grade._apart(0.25, 0.75) == ("0.25", "0.75")
+    assert grade._apart(1.0, 1.0 + 2 ** -52) == ("1", "1.0000000000000002")
 
 
 def test_a_deadlock_is_a_failed_check_naming_a_rank_not_a_hang(quick_timeouts):
     path = os.path.join(ROOT, "tests", "mutants", "ring_all_reduce__receive_first.py")
     results = grade.run_grader("ring_all_reduce", ("file", path), world_sizes=(2,))
-    assert len(results) == 1 and results[0].hung, results  # after a hang nothing more runs
+    assert len(results) == len(cases(get("ring_all_reduce"))), "every case counted"
+    assert results[0].hung and not any(r.ok for r in results), results
+    assert all(not r.ran for r in results[1:]), "after a hang the rest of that size: not run"
     assert "no answer within the time limit" in results[0].line and "rank" in results[0].line
-    assert "post each receive before the send" in results[0].hints[0]
+    assert results[0].hints == [grade.PAIRED_HANG_HINT]
+    lines = grade.report("ring_all_reduce", results)
+    assert lines[0].startswith(f"ring_all_reduce: 0 of {len(results)} checks pass (1 fail, "
+                               f"{len(results) - 1} not run after a hang)"), lines
+    assert any(line.startswith("  NOT RUN at world size 2") for line in lines), lines
 
 
 def test_a_peer_that_gave_up_waiting_is_a_hang_not_the_pieces_error(tmp_path):
@@ -293,6 +386,27 @@ def test_start_check_fails_then_passes_once_written_and_start_never_overwrites(
     assert "ring_all_reduce           passing" in progress.stdout, progress.stdout
     first, second = (course("hint", "04", "--dir", folder).stdout for _ in range(2))
     assert "hint 1 of" in first and "hint 2 of" in second
+
+
+@pytest.mark.parametrize("exercise", each_exercise())
+def test_every_case_says_what_it_proves(exercise):
+    """check --list shows it: the case's docstring (or its proves= text)."""
+    bare = [c.title for c in cases(exercise).values() if len(c.proves.split()) < 5]
+    assert not bare, f"cases with no docstring saying what they prove: {bare}"
+
+
+def test_check_list_shows_what_is_checked_without_grading(capsys):
+    assert course_main(["check", "--list", "06"]) == 0
+    out = capsys.readouterr().out
+    flat = " ".join(out.split())
+    for exercise in select(["06"]):
+        graded = cases(exercise).values()
+        total = sum(len(c.world_sizes or exercise.world_sizes) for c in graded)
+        assert f"{exercise.name} (lesson 06): {len(graded)} cases, {total} checks" in out, out
+        for case in graded:
+            assert f"- {case.title} (world sizes " in out, (case.title, out)
+            assert " ".join(case.proves.split()) in flat, (case.proves, out)
+    assert "grading" not in out
 
 
 def test_the_switch_runs_a_lesson_on_the_learners_code(tmp_path):

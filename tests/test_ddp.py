@@ -2,10 +2,12 @@
 property.
 
 A spawn costs seconds, so the ranks of one group per world size run every case of that world
-size, and each test reads its own case's outcome. Each case is written just above the test
-that reads it: `@in_group(world sizes, **grid)` registers the function to run inside the ranks
-(once per combination of the grid's values), and held(world_size, case, **values) fails with
-every rank's message if an assertion inside the case failed on some rank.
+size (dist_sgd.plumbing.cases), and each test reads its own case's outcome. Each case is
+written just above the test that reads it: `@CASES.case(world_sizes=..., **grid)` registers
+case(rank, world_size, ref, **values) to run inside the ranks, once per combination of the
+grid's values (ref: the one-process reference_run of that world size), and
+held(world_size, case, **values) fails with every rank's message if an assertion inside the
+case failed on some rank.
 
 Two families:
 - equal to one process computing the whole batch (Toy, float64, tight tolerances): frozen,
@@ -17,7 +19,6 @@ Two families:
   several dtypes.
 """
 import functools
-import itertools
 
 import pytest
 import torch
@@ -34,7 +35,7 @@ from dist_sgd.ddp import compress
 from dist_sgd.ddp.bucketed import BucketedDDP, assign_buckets
 from dist_sgd.ddp.ddp import DistributedDataParallel
 from dist_sgd.ddp.steps import HookDDP, NaiveDDP
-from dist_sgd.plumbing.launch import launch
+from dist_sgd.plumbing.cases import Cases
 
 PER_RANK = 4
 STEPS = 3
@@ -45,50 +46,13 @@ AT_PROPERTIES, AT_TORCH = [1, 2, 3], [2, 3, 4]
 
 # ---- one spawned group per world size, shared by the tests -------------------------------------
 
-CASES = {}  # world size -> {(case name, grid values): case(rank, world_size, ref)}
+def one_process(rank, world_size):
+    """What every case receives after rank and world size: the one-process reference_run."""
+    return (reference_run(world_size),)
 
 
-def _key(case, values):
-    return case.__name__, tuple(sorted(values.items()))
-
-
-def in_group(world_sizes, **grid):
-    """Run the decorated case(rank, world_size, ref, **values) inside the ranks of the shared
-    group at each of world_sizes, once per combination of grid's values (ref: the one-process
-    reference_run of that world size)."""
-    def register(case):
-        for combination in itertools.product(*grid.values()):
-            values = dict(zip(grid, combination))
-            for world_size in world_sizes:
-                CASES.setdefault(world_size, {})[_key(case, values)] = \
-                    functools.partial(case, **values)
-        return case
-    return register
-
-
-def all_cases(rank, world_size):
-    ref = reference_run(world_size)
-    out = {}
-    for key, case in CASES[world_size].items():
-        try:
-            case(rank, world_size, ref)
-            out[key] = None
-        except Exception as error:  # noqa: BLE001 - reported by the test that reads this case
-            out[key] = f"rank {rank}: {type(error).__name__}: {error}"
-    dist.barrier()
-    return out
-
-
-@functools.lru_cache(maxsize=None)
-def results(world_size):
-    return launch(all_cases, world_size, backend="gloo")
-
-
-def held(world_size, case, **values):
-    """The case's assertions held on every rank (else: each failing rank's message)."""
-    failures = [r[_key(case, values)] for r in results(world_size)
-                if r[_key(case, values)] is not None]
-    assert not failures, "\n".join(failures)
+CASES = Cases(setup=one_process)
+held = CASES.held
 
 
 def ws(sizes):
@@ -189,7 +153,7 @@ def same(got, expected, what, **exact):
 
 # ---- equal to one process (Toy, float64) --------------------------------------------------------
 
-@in_group(AT_PROPERTIES)
+@CASES.case(world_sizes=AT_PROPERTIES)
 def broadcast(rank, world_size, ref):
     model = make_model(seed=rank)  # ranks start from different weights ...
     DistributedDataParallel(model)
@@ -202,7 +166,7 @@ def test_ranks_start_from_rank_0s_weights(world_size):
     held(world_size, broadcast)
 
 
-@in_group(AT_PROPERTIES, cap=list(CAPS))
+@CASES.case(world_sizes=AT_PROPERTIES, cap=list(CAPS))
 def grads_of_wrapper(rank, world_size, ref, cap):
     model = make_model(seed=rank)
     got = train(DistributedDataParallel(model, CAPS[cap]), model, rank, world_size)
@@ -216,7 +180,7 @@ def test_grads_match_single_process_each_step(world_size, cap):
     held(world_size, grads_of_wrapper, cap=cap)
 
 
-@in_group(AT_PROPERTIES, cap=CORE_CAPS)
+@CASES.case(world_sizes=AT_PROPERTIES, cap=CORE_CAPS)
 def grads_of_core(rank, world_size, ref, cap):
     model = make_model(seed=rank)
     got = train(BucketedDDP(model, CAPS[cap]), model, rank, world_size)
@@ -230,7 +194,7 @@ def test_core_grads_match_single_process_each_step(world_size, cap):
     held(world_size, grads_of_core, cap=cap)
 
 
-@in_group(AT_PROPERTIES, who=["wrapper", "core"])
+@CASES.case(world_sizes=AT_PROPERTIES, who=["wrapper", "core"])
 def unused(rank, world_size, ref, who):
     model = make_model(seed=rank)
     cls = DistributedDataParallel if who == "wrapper" else BucketedDDP
@@ -245,7 +209,7 @@ def test_param_no_rank_used_keeps_grad_none_in_core_and_wrapper(world_size, who)
     held(world_size, unused, who=who)
 
 
-@in_group(AT_PROPERTIES)
+@CASES.case(world_sizes=AT_PROPERTIES)
 def frozen_and_tied(rank, world_size, ref):
     model = make_model(seed=rank)
     ddp = DistributedDataParallel(model, bucket_cap_mb=0)
@@ -263,7 +227,7 @@ def test_frozen_param_skipped_and_tied_param_reduced_once(world_size):
     held(world_size, frozen_and_tied)
 
 
-@in_group(AT_PROPERTIES)
+@CASES.case(world_sizes=AT_PROPERTIES)
 def each_bucket_once(rank, world_size, ref):
     calls = []
 
@@ -289,7 +253,7 @@ def test_each_bucket_reduced_once(world_size):
     held(world_size, each_bucket_once)
 
 
-@in_group(AT_PROPERTIES)
+@CASES.case(world_sizes=AT_PROPERTIES)
 def our_all_reduce(rank, world_size, ref):
     model = make_model(seed=rank)
     ddp = DistributedDataParallel(model, bucket_cap_mb=CAPS["tiny"],
@@ -302,7 +266,7 @@ def test_our_all_reduce_gives_the_same_grads(world_size):
     held(world_size, our_all_reduce)
 
 
-@in_group(AT_PROPERTIES)
+@CASES.case(world_sizes=AT_PROPERTIES)
 def no_sync(rank, world_size, ref):
     # Two local backward passes, then a synced one == one batch three times larger. The extra
     # layer is used in the first (local) pass only: the synced pass must still send its
@@ -331,7 +295,7 @@ def test_no_sync_accumulates(world_size):
     held(world_size, no_sync)
 
 
-@in_group(AT_PROPERTIES)
+@CASES.case(world_sizes=AT_PROPERTIES)
 def overlap(rank, world_size, ref):
     model = make_model(seed=rank)
     ddp = DistributedDataParallel(model, bucket_cap_mb=0)
@@ -350,7 +314,7 @@ def test_first_all_reduce_starts_before_backward_ends(world_size):
     held(world_size, overlap)
 
 
-@in_group(AT_PROPERTIES)
+@CASES.case(world_sizes=AT_PROPERTIES)
 def steps_1_and_2(rank, world_size, ref):
     # every rank uses every layer (step 0): step 2 cannot handle less
     for cls in (NaiveDDP, HookDDP):
@@ -389,7 +353,7 @@ def gan_grads(rank, d_hidden, all_reduce=None, g_hook=None, cap=1024, steps=3):
 GAN_HIDDEN = {"equal": 16, "unequal": 12}  # D's width: buckets of G and D equal or not
 
 
-@in_group(AT_PROPERTIES, buckets=list(GAN_HIDDEN))
+@CASES.case(world_sizes=AT_PROPERTIES, buckets=list(GAN_HIDDEN))
 def gan_on_our_all_reduce(rank, world_size, ref, buckets):
     d_hidden = GAN_HIDDEN[buckets]
     assert_close(gan_grads(rank, d_hidden, collectives.all_reduce),
@@ -402,7 +366,7 @@ def test_two_wrappers_in_one_backward_on_our_all_reduce(world_size, buckets):
     held(world_size, gan_on_our_all_reduce, buckets=buckets)
 
 
-@in_group(AT_PROPERTIES)
+@CASES.case(world_sizes=AT_PROPERTIES)
 def gan_powersgd_and_plain(rank, world_size, ref):
     # G's PowerSGD issues collectives from callbacks while D's plain buckets go from backward:
     # one order on every rank (dist_sgd.comm.ordered.in_order), so no mismatch; D's gradients
@@ -419,7 +383,7 @@ def test_two_wrappers_one_with_powerSGD_one_plain_in_one_backward(world_size):
     held(world_size, gan_powersgd_and_plain)
 
 
-@in_group(AT_PROPERTIES)
+@CASES.case(world_sizes=AT_PROPERTIES)
 def buffers_and_init_sync(rank, world_size, ref):
     model = make_model(seed=0)
     ddp = DistributedDataParallel(model)
@@ -436,7 +400,7 @@ def test_buffers_broadcast_before_forward_and_init_sync(world_size):
     held(world_size, buffers_and_init_sync)
 
 
-@in_group(AT_PROPERTIES)
+@CASES.case(world_sizes=AT_PROPERTIES)
 def hook_contract_errors(rank, world_size, ref):
     def not_a_future(state, bucket):
         return bucket.buffer()
@@ -539,7 +503,7 @@ def torch_odd_run(rank, cap, unused, hook_name, static_graph=False):
                    rank, unused, None if hook is None else (None, hook))
 
 
-@in_group(AT_TORCH, layout=list(LAYOUTS), unused=[False, True])
+@CASES.case(world_sizes=AT_TORCH, layout=list(LAYOUTS), unused=[False, True])
 def core_vs_torch(rank, world_size, ref, layout, unused):
     cap = LAYOUTS[layout]
     ours = odd_run(lambda m: BucketedDDP(m, cap, rebuild_after=None if unused else 1), rank,
@@ -570,10 +534,10 @@ def ours_vs_torch(rank, world_size, ref, layout, unused, hook_name):
         assert not torch.equal(plain[1]["head.weight"], ours[1]["head.weight"])
 
 
-in_group(AT_TORCH, layout=list(LAYOUTS), unused=[False, True], hook_name=["no hook"])(
-    ours_vs_torch)
-in_group(AT_TORCH, layout=HOOK_LAYOUTS, unused=[False, True],
-         hook_name=["allreduce_hook", "fp16_compress_hook"])(ours_vs_torch)
+CASES.case(world_sizes=AT_TORCH, layout=list(LAYOUTS), unused=[False, True],
+           hook_name=["no hook"])(ours_vs_torch)
+CASES.case(world_sizes=AT_TORCH, layout=HOOK_LAYOUTS, unused=[False, True],
+           hook_name=["allreduce_hook", "fp16_compress_hook"])(ours_vs_torch)
 
 
 @ws(AT_TORCH)
@@ -597,7 +561,7 @@ def test_torch_fp16_compress_hook_on_our_ddp_equals_torch_ddp_bit_for_bit_ws3_4k
     held(3, ours_vs_torch, layout="4 KB", unused=False, hook_name="fp16_compress_hook")
 
 
-@in_group(AT_TORCH, layout=HOOK_LAYOUTS)
+@CASES.case(world_sizes=AT_TORCH, layout=HOOK_LAYOUTS)
 def static_graph_vs_torch(rank, world_size, ref, layout):
     # torch's static_graph=True: its first backward only records the graph, so the buckets are
     # rebuilt after the second: step 1 still adds one bucket (gloo's order of adding differs
@@ -650,7 +614,7 @@ def sequential(seed):
                          nn.Linear(512, 10))  # 3 MiB: a 1 MiB first bucket shows
 
 
-@in_group([3], layout=list(LAYOUT_RUNS))
+@CASES.case(world_sizes=[3], layout=list(LAYOUT_RUNS))
 def layout_vs_torch(rank, world_size, ref, layout):
     cap, unused, static = LAYOUT_RUNS[layout]
     kw = dict(bucket_cap_mb=cap, find_unused_parameters=unused, static_graph=static)
@@ -684,7 +648,7 @@ class TwoDtypes(nn.Module):
         return self.head(torch.tanh(self.c(h.double())).float())
 
 
-@in_group([1, 3], cap=[None, 600 / 2 ** 20])
+@CASES.case(world_sizes=[1, 3], cap=[None, 600 / 2 ** 20])
 def dtypes_vs_torch(rank, world_size, ref, cap):
     # After the rebuild torch's partly filled buckets come in reverse order of their dtype's
     # first gradient: the head's float32 gradient is ready first, so with the default cap
@@ -711,7 +675,7 @@ def test_buckets_of_two_dtypes_have_torchs_indices(world_size, cap):
     held(world_size, dtypes_vs_torch, cap=cap)
 
 
-@in_group(AT_TORCH)
+@CASES.case(world_sizes=AT_TORCH)
 def buffers_vs_torch(rank, world_size, ref):
     # torch broadcasts rank 0's buffers before a forward only if the forward before it set up
     # a backward that synchronizes: after a forward inside no_sync(), or one under no_grad()
@@ -783,7 +747,7 @@ def same_steps(got, want):
 POWERSGD_CAPS = {"one bucket": 1024, "several buckets": 0.5 / 1024}
 
 
-@in_group([2, 3], matrix_rank=[1, 2], cap=list(POWERSGD_CAPS))
+@CASES.case(world_sizes=[2, 3], matrix_rank=[1, 2], cap=list(POWERSGD_CAPS))
 def powersgd_vs_torch(rank, world_size, ref, matrix_rank, cap):
     def state():
         return psgd.PowerSGDState(process_group=None, matrix_approximation_rank=matrix_rank,

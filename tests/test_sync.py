@@ -1,27 +1,31 @@
 """Gradient equivalence: the distributed average equals the single-process full-batch gradient.
 
-A spawn costs seconds, so one launch() per world size (1, 2, 3) runs every case inside the
-ranks (module-scoped fixture) and returns, per rank, a dict: property -> None when it held,
-else the message of the first assertion that failed on that rank. Each case (a function
-marked @case) makes its assertions inside the ranks and sits right above the tests that read
-them, one property each. float64 throughout, so "equal" can mean ~1e-15; the single process trains with
-torch.optim.SGD, the ranks with ours.
+A spawn costs seconds, so one group per world size (1, 2, 3) runs every case inside the
+ranks (dist_sgd.plumbing.cases). Each case proves several properties (Checks: property ->
+None when it held, else the message of the first assertion that failed on that rank), and
+sits right above the tests that read them, one property each. float64 throughout, so "equal"
+can mean ~1e-15; the single process trains with torch.optim.SGD, the ranks with ours.
+
+What the course's average_gradients grader proves (one step of Awkward: every gradient, the
+frozen and unused ones left None; three steps: the weights of one process, the same on every
+rank; the tied weight reduced once, the buffer left alone) is not proved twice: the test runs
+the grader's own cases here, on every way of calling average_gradients.
 """
-import contextlib
 import copy
+import functools
+import types
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from dist_sgd.comm import collectives
-from dist_sgd.plumbing.launch import launch
+from dist_sgd.course import grade
+from dist_sgd.plumbing.cases import Cases, Checks
 from dist_sgd.sgd.data import synthetic
-from dist_sgd.sgd.models import MLP
+from dist_sgd.sgd.models import MLP, Awkward
 from dist_sgd.sgd.optim import SGD
 from dist_sgd.sgd.partition import ShardSampler
 from dist_sgd.sgd.sync import average_gradients, broadcast_parameters, gradients_to_sync
@@ -35,73 +39,18 @@ WAYS = {"torch, per parameter": (None, False), "torch, flat": (None, True),
 BROADCASTS = {"torch": None, "ours": collectives.broadcast}
 
 
-class Awkward(nn.Module):
-    """A frozen weight, a layer that never gets a gradient, a weight shared by two layers,
-    and a buffer: every case average_gradients must skip or count once."""
-
-    def __init__(self):
-        super().__init__()
-        self.inp = nn.Linear(784, 12)
-        self.frozen = nn.Linear(12, 12)
-        self.frozen.weight.requires_grad_(False)  # its bias still trains
-        self.a = nn.Linear(12, 12)
-        self.b = nn.Linear(12, 12)
-        self.b.weight = self.a.weight  # tied: one Parameter, two modules
-        self.unused = nn.Linear(12, 10)  # never called in forward: .grad stays None
-        self.head = nn.Linear(12, 10)
-        self.register_buffer("running", torch.zeros(12))
-
-    def forward(self, x):
-        h = torch.tanh(self.inp(x.flatten(1)))
-        h = torch.tanh(self.b(torch.tanh(self.a(self.frozen(h)))))
-        return F.log_softmax(self.head(h), dim=1)
-
-
-class Properties(dict):
-    """property name -> None (held) or the first failure's message, on this rank."""
-
-    def __init__(self, rank):
-        super().__init__()
-        self.rank = rank
-
-    @contextlib.contextmanager
-    def check(self, name):
-        try:
-            yield
-        except Exception as error:  # noqa: BLE001 - reported by the test that reads this one
-            self[name] = self.get(name) or f"rank {self.rank}: {type(error).__name__}: {error}"
-        else:
-            self.setdefault(name, None)
-
-
 # ---- one spawned group per world size runs every case below --------------------------------
 
-CASES = []  # fn(props, rank, world_size), in the order they are defined
+CASES = Cases()  # each case: fn(rank, world_size) -> Checks
 
 
-def case(fn):
-    """Mark fn(props, rank, world_size) as a case run inside the ranks."""
-    CASES.append(fn)
-    return fn
+@pytest.fixture(params=[1, 2, 3], ids=lambda ws: f"ws{ws}")
+def world_size(request):
+    return request.param
 
 
-def all_properties(rank, world_size):
-    props = Properties(rank)
-    for fn in CASES:
-        fn(props, rank, world_size)
-    dist.barrier()
-    return dict(props)
-
-
-@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda ws: f"ws{ws}")
-def results(request):
-    return launch(all_properties, request.param, backend="gloo")
-
-
-def held(results, name):
-    assert all(name in r for r in results), f"property {name!r} was never checked"
-    failures = [r[name] for r in results if r[name] is not None]
-    assert not failures, "\n".join(failures)
+def held(world_size, case, prop):
+    CASES.held(world_size, case, part=prop)
 
 
 def grads(model):
@@ -117,93 +66,100 @@ def data_for(world_size):
 
 # ---- average_gradients: every way against one process on the global batch ----------------
 
-def case_gradients(props, way, rank, world_size, x, y):
-    """STEPS steps of Awkward: this rank's share + average_gradients + our SGD, against one
-    process on each whole global batch with torch.optim.SGD."""
-    all_reduce, flat = WAYS[way]
-    torch.manual_seed(0)  # the same initial weights on every rank
-    ref = Awkward().double()
-    model = copy.deepcopy(ref)
-    options = {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-3}
-    opt_ref, opt = torch.optim.SGD(ref.parameters(), **options), SGD(model.parameters(), **options)
-    for step in range(STEPS):
-        xs, ys = x[step], y[step]  # this step's global batch
-        opt_ref.zero_grad()
-        F.nll_loss(ref(xs), ys).backward()  # single process: mean over the global batch
-        opt.zero_grad()
-        mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
-        F.nll_loss(model(xs[mine]), ys[mine]).backward()  # mean over the local batch
-        calls = average_gradients(model, flat=flat, all_reduce=all_reduce)
-        with props.check(f"calls {way}"):  # 11 parameters: 1 frozen, 2 never get a gradient
-            assert calls == (1 if flat else 8), f"{calls} all-reduce calls"
-        with props.check(f"skipped {way}"):
-            assert model.frozen.weight.grad is None, "the frozen weight got a gradient"
-            assert model.unused.weight.grad is None, "the unused layer got a gradient"
-        if step == 0:
-            with props.check(f"first gradient {way}"):
-                want, got = grads(ref), grads(model)
-                assert want.keys() == got.keys(), (sorted(want), sorted(got))
-                for name in want:
-                    torch.testing.assert_close(got[name], want[name], msg=f"grad {name}")
-        opt_ref.step()
-        opt.step()
-    with props.check(f"weights {way}"):
-        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(p, q, msg=f"weight {name} after {STEPS} steps")
-    with props.check(f"identical {way}"):
-        assert max_diff_across_ranks(model) == 0.0, "ranks hold different weights"
+AVERAGE = grade.grader_of("average_gradients")
 
 
-@case
-def case_gradients_every_way(props, rank, world_size):
+@CASES.case()
+def grader_every_way(rank, world_size):
+    """The course's average_gradients grader, each case, on each way of calling ours."""
+    props = Checks(rank)
+    for way, (all_reduce, flat) in WAYS.items():
+        piece = functools.partial(average_gradients, flat=flat, all_reduce=all_reduce)
+        impl = types.SimpleNamespace(average_gradients=piece)
+        for title in AVERAGE.cases:
+            with props.check(f"{title} / {way}"):
+                failure = grade.run_case(AVERAGE, title, rank, world_size, impl)
+                assert failure is None, "\n".join([failure[0]] + list(failure[1]))
+    return props
+
+
+@pytest.mark.parametrize("title", list(AVERAGE.cases))
+@pytest.mark.parametrize("way", WAYS)
+def test_the_average_gradients_grader_passes_every_way(world_size, way, title):
+    held(world_size, grader_every_way, f"{title} / {way}")
+
+
+@CASES.case()
+def with_our_sgd(rank, world_size):
+    """STEPS steps of Awkward: this rank's share + average_gradients + our SGD (momentum,
+    weight decay), against one process on each whole global batch with torch.optim.SGD; and
+    the number of all-reduce calls average_gradients says it made; the ranks' weights equal
+    bit for bit."""
+    props = Checks(rank)
     x, y = data_for(world_size)
-    for way in WAYS:
-        case_gradients(props, way, rank, world_size, x[:STEPS], y[:STEPS])
+    for way, (all_reduce, flat) in WAYS.items():
+        torch.manual_seed(0)  # the same initial weights on every rank
+        ref = Awkward(784, 10).double()
+        model = copy.deepcopy(ref)
+        options = {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-3}
+        opt_ref = torch.optim.SGD(ref.parameters(), **options)
+        opt = SGD(model.parameters(), **options)
+        for step in range(STEPS):
+            xs, ys = x[step], y[step]  # this step's global batch
+            opt_ref.zero_grad()
+            F.nll_loss(ref(xs), ys).backward()  # single process: mean over the global batch
+            opt.zero_grad()
+            mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+            F.nll_loss(model(xs[mine]), ys[mine]).backward()  # mean over the local batch
+            calls = average_gradients(model, flat=flat, all_reduce=all_reduce)
+            with props.check(f"calls {way}"):  # 11 parameters: 1 frozen, 2 never get a gradient
+                assert calls == (1 if flat else 8), f"{calls} all-reduce calls"
+            opt_ref.step()
+            opt.step()
+        with props.check(f"weights {way}"):
+            for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+                torch.testing.assert_close(p, q, msg=f"weight {name} after {STEPS} steps")
+        with props.check(f"identical {way}"):
+            assert max_diff_across_ranks(model) == 0.0, "ranks hold different weights"
+    return props
 
 
 @pytest.mark.parametrize("way", WAYS)
-def test_averaged_first_gradient_equals_single_process(results, way):
-    held(results, f"first gradient {way}")
+def test_weights_after_steps_with_our_sgd_equal_single_process_torch_sgd(world_size, way):
+    held(world_size, with_our_sgd, f"weights {way}")
 
 
 @pytest.mark.parametrize("way", WAYS)
-def test_weights_after_steps_equal_single_process_torch_sgd(results, way):
-    held(results, f"weights {way}")
+def test_ranks_hold_bitwise_identical_weights_with_our_sgd(world_size, way):
+    held(world_size, with_our_sgd, f"identical {way}")
 
 
 @pytest.mark.parametrize("way", WAYS)
-def test_ranks_hold_bitwise_identical_weights(results, way):
-    held(results, f"identical {way}")
+def test_one_all_reduce_when_flat_one_per_gradient_otherwise(world_size, way):
+    held(world_size, with_our_sgd, f"calls {way}")
 
 
-@pytest.mark.parametrize("way", WAYS)
-def test_one_all_reduce_when_flat_one_per_gradient_otherwise(results, way):
-    held(results, f"calls {way}")
-
-
-@pytest.mark.parametrize("way", WAYS)
-def test_frozen_and_unused_parameters_keep_no_gradient(results, way):
-    held(results, f"skipped {way}")
-
-
-@case
-def case_tied_in_a_list(props, rank, world_size):
+@CASES.case()
+def case_tied_in_a_list(rank, world_size):
+    props = Checks(rank)
     x, y = data_for(world_size)
     # A list with the tied weight twice still reduces it once (else it would be halved again).
-    model = Awkward().double()
+    model = Awkward(784, 10).double()
     F.nll_loss(model(x[0, :PER_RANK]), y[0, :PER_RANK]).backward()
     with props.check("tied in a list"):
         found = gradients_to_sync(list(model.parameters()) + [model.a.weight])
         assert len(found) == 8, f"{len(found)} gradients to sync, not 8"
+    return props
 
 
-def test_a_tied_weight_listed_twice_is_reduced_once(results):
-    held(results, "tied in a list")
+def test_a_tied_weight_listed_twice_is_reduced_once(world_size):
+    held(world_size, case_tied_in_a_list, "tied in a list")
 
 
-@case
-def case_accumulation(props, rank, world_size, k=2):
+@CASES.case()
+def case_accumulation(rank, world_size, k=2):
     """k micro-batches per rank, loss / k each, one average: the same as one big batch."""
+    props = Checks(rank)
     x, y = data_for(world_size)
     torch.manual_seed(1)
     ref, model = MLP(hidden=8).double(), MLP(hidden=8).double()
@@ -219,18 +175,20 @@ def case_accumulation(props, rank, world_size, k=2):
     with props.check("accumulation"):
         for p, q in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad)
+    return props
 
 
-def test_accumulated_micro_batches_equal_one_big_batch(results):
-    held(results, "accumulation")
+def test_accumulated_micro_batches_equal_one_big_batch(world_size):
+    held(world_size, case_accumulation, "accumulation")
 
 
 # ---- lesson 06's loop, broadcast_parameters, the sampler ----------------------------------
 
-@case
-def case_train_loop(props, rank, world_size):
+@CASES.case()
+def case_train_loop(rank, world_size):
     """shard_loader's per-rank batches + average_gradients == single-process SGD on the same
     global batches; every item once; evaluate == one process."""
+    props = Checks(rank)
     images, labels = synthetic(48, seed=3).tensors
     dataset = TensorDataset(images.double(), labels)
     global_batch = 2 * world_size * 3  # per rank 6
@@ -269,26 +227,28 @@ def case_train_loop(props, rank, world_size):
         torch.testing.assert_close(result["loss"], F.nll_loss(out, labels).item())
         assert result["correct"] == (out.argmax(1) == labels).sum().item(), result
         assert result["total"] == 48, result
+    return props
 
 
-def test_shard_loader_training_equals_single_process(results):
-    held(results, "train loop")
+def test_shard_loader_training_equals_single_process(world_size):
+    held(world_size, case_train_loop, "train loop")
 
 
-def test_shard_loader_gives_every_item_once(results):
-    held(results, "every item once")
+def test_shard_loader_gives_every_item_once(world_size):
+    held(world_size, case_train_loop, "every item once")
 
 
-def test_evaluate_equals_one_process(results):
-    held(results, "evaluate")
+def test_evaluate_equals_one_process(world_size):
+    held(world_size, case_train_loop, "evaluate")
 
 
-@case
-def case_broadcast(props, rank, world_size):
+@CASES.case()
+def case_broadcast(rank, world_size):
     """broadcast_parameters: ranks start different, end equal to rank 0 (buffers too)."""
+    props = Checks(rank)
     for name, broadcast in BROADCASTS.items():
         torch.manual_seed(100 + rank)
-        model = Awkward()
+        model = Awkward(784, 10)
         model.running.fill_(rank + 1.0)
         before = max_diff_across_ranks(model)
         sent = broadcast_parameters(model, src=0, broadcast=broadcast)
@@ -298,24 +258,27 @@ def case_broadcast(props, rank, world_size):
             assert (before > 0) == (world_size > 1), before  # one rank: nothing differs at first
             assert after == 0.0, f"ranks differ by {after} after broadcast_parameters"
             assert model.running.eq(1.0).all(), "the buffer is not rank 0's"
+    return props
 
 
 @pytest.mark.parametrize("broadcast", BROADCASTS)
-def test_broadcast_parameters_copies_rank_0s_parameters_and_buffers(results, broadcast):
-    held(results, f"broadcast {broadcast}")
+def test_broadcast_parameters_copies_rank_0s_parameters_and_buffers(world_size, broadcast):
+    held(world_size, case_broadcast, f"broadcast {broadcast}")
 
 
-@case
-def case_sampler(props, rank, world_size):
+@CASES.case()
+def case_sampler(rank, world_size):
+    props = Checks(rank)
     data = synthetic(3 * world_size * PER_RANK * 2, seed=1)
     sampler, theirs = ShardSampler(data), DistributedSampler(data)
     with props.check("sampler"):  # world size and rank from the group, like DistributedSampler
         assert (sampler.num_replicas, sampler.rank) == (world_size, rank)
         assert list(sampler) == list(theirs)
+    return props
 
 
-def test_shard_sampler_takes_its_rank_from_the_group(results):
-    held(results, "sampler")
+def test_shard_sampler_takes_its_rank_from_the_group(world_size):
+    held(world_size, case_sampler, "sampler")
 
 
 # ---- outside a group ----------------------------------------------------------------------

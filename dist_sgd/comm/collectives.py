@@ -109,6 +109,7 @@ def _finish(op, t, size):
 
 
 def _check_tensor(t, name):
+    """A TypeError unless t is a dense torch.Tensor (name: the argument, for the message)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.layout != torch.strided:
@@ -117,6 +118,7 @@ def _check_tensor(t, name):
 
 
 def _check_rank(value, name, size):
+    """A ValueError unless value (the argument `name`) is a rank in 0..size-1."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
         raise ValueError(f"{name} must be a rank in 0..{size - 1} (world size {size}), "
                          f"got {value!r}")

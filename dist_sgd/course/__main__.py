@@ -3,6 +3,7 @@
     python3 -m dist_sgd.course list                 every exercise, its lesson, its state
     python3 -m dist_sgd.course start 04             your file to edit: mine/ring_all_reduce.py
     python3 -m dist_sgd.course check 04 [--watch]   grade it (exit 0 iff every check passes)
+    python3 -m dist_sgd.course check --list 04      what is checked: each case, what it proves
     python3 -m dist_sgd.course hint 04              the next hint, gentle to nearly the answer
     python3 -m dist_sgd.course progress             what you have started and what passes
 
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 import time
 
 from dist_sgd.course.exercises import EXERCISES, ROOT, select
@@ -111,8 +113,27 @@ def _check_once(args, exercises):
     return 1 if failed else 0
 
 
+def cmd_list_cases(exercises):
+    """Each case of each exercise's grader: its title, its world sizes, what it proves."""
+    from dist_sgd.course.grade import grader_of
+
+    for e in exercises:
+        grader = grader_of(e.name)
+        total = sum(len(c.world_sizes or e.world_sizes) for c in grader.cases.values())
+        print(f"{e.name} (lesson {e.lesson}): {len(grader.cases)} cases, {total} checks "
+              "(each case at each world size)")
+        for case in grader.cases.values():
+            sizes = ", ".join(map(str, case.world_sizes or e.world_sizes))
+            print(f"  - {case.title} (world sizes {sizes})")
+            if case.proves:
+                print(textwrap.indent(textwrap.fill(case.proves, 92), "      "))
+    return 0
+
+
 def cmd_check(args):
     exercises = select(args.exercise)
+    if args.list:
+        return cmd_list_cases(exercises)
     # The switch: every rank the grader spawns (and every lesson run from here) uses your file.
     os.environ[MINE] = os.path.abspath(args.dir)
     os.environ[ONLY] = ",".join(e.name for e in exercises)
@@ -189,6 +210,8 @@ def main(argv=None):
         p.add_argument("--dir", default=_default_dir(), help="your folder (default: mine/)")
         if name == "check":
             p.add_argument("--watch", action="store_true", help="check again on every save")
+            p.add_argument("--list", action="store_true",
+                           help="grade nothing: list each case and what it proves")
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -18,11 +18,14 @@ without them, and the bytes it sends counted. A failed expectation is one line:
     (tolerance 1e-05)
       hint: the result is p = 3 times too big: summed but not divided by the world size
 
-At each world size the cases run one after the other in one spawned group (milliseconds to
-start once the fork server is up); the ranks compare notes after each case and stop together
-at the first failure, and the rest go on in a fresh group. A short timeout on each operation
-and a deadline for the whole run make a hang, a crash or NotImplementedError a failed check
-naming its rank, never a hang.
+Every case is graded at every world size of the exercise, so a report counts the same
+(case, world size) pairs on every run. At each world size the cases run one after the other in
+one spawned group, on the project's own harness (dist_sgd.plumbing.cases, which runs the
+tests' cases too): the ranks compare notes after each case and stop together at a failure
+(one that sent nothing on any rank leaves the group clean, and the next case goes on in it),
+and the rest go on in a fresh group. A short timeout on each operation and a deadline for the
+whole run make a hang, a crash or NotImplementedError a failed check naming its rank, never a
+hang; after a hang, the rest of that world size is reported as not run.
 """
 import importlib
 import json
@@ -33,6 +36,7 @@ import types
 from dataclasses import dataclass, field
 
 from dist_sgd.course.exercises import get
+from dist_sgd.plumbing.cases import Cases, GroupBroke
 from dist_sgd.plumbing.mine import MINE, ONLY, load_file
 
 OPERATION_TIMEOUT = float(os.environ.get("DIST_SGD_COURSE_TIMEOUT", 10))  # seconds per operation
@@ -42,12 +46,28 @@ COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_in
                "gather", "scatter", "all_gather_object", "broadcast_object_list",
                "gather_object", "scatter_object_list", "barrier")
 SENDS, RECEIVES = ("isend", "send"), ("irecv", "recv")
-HANG_HINT = ("a rank waited for a message that never came: post each receive before the send "
-             "it pairs with, and have every rank make the same calls in the same order")
-
-
-class CaseFailed(Exception):
-    """A case that failed on this rank while its group broke: its (line, hints) as JSON."""
+# What a hang means, by how the piece talks (a grader picks the one that fits its exercise).
+HANG_HINT = ("a rank waited for a message that never came: every rank must make the same "
+             "collective calls in the same order (a rank that skips one, or makes one more, "
+             "leaves the others waiting)")
+PAIRED_HANG_HINT = ("a rank waited for a message that never came: each receive needs a send "
+                    "from the rank it names, and each send a receive (check src and dst on "
+                    "both sides); with isend/irecv, post the receive before the send it pairs "
+                    "with, and wait for both")
+BLOCKING_HANG_HINT = ("a rank waited for a message that never came: a blocking send waits for "
+                      "its receiver, so if every rank sends first (or every rank receives "
+                      "first) nobody gets through: let some ranks listen first, as lesson 02 "
+                      "does: even ranks send then receive, odd ranks receive then send")
+# Errors that mean the same in every exercise: {text in the error: hint}.
+COMMON_ERROR_HINTS = {
+    "Pair is not connected": "a rank sent to (or received from) itself: a message never goes "
+                             "to your own rank; skip it, or check the src/dst arithmetic",
+    "should not be the same as the rank of the current process":
+        "a rank sent to (or received from) itself: a message never goes to your own rank; "
+        "skip it, or check the src/dst arithmetic",
+    "killed by signal 6": "a rank's process aborted inside gloo: usually a sender and its "
+                          "receiver disagree on a message's size (the receive buffer must have "
+                          "as many elements, of the same dtype, as the tensor sent)"}
 
 
 class Failure(AssertionError):
@@ -63,23 +83,61 @@ class Case:
     title: str
     run: object
     world_sizes: tuple = None
+    proves: str = ""
 
 
-class Grader:
-    """The cases of one exercise. forbid: torch.distributed functions the piece must not call
-    (the collectives, when the exercise builds one); error_hints: {text in an error: hint}."""
+class Grader(Cases):
+    """The cases of one exercise, run by the project's harness (dist_sgd.plumbing.cases) as the
+    tests run theirs. forbid: torch.distributed functions the piece must not call (the
+    collectives, when the exercise builds one); error_hints: {text in an error: hint};
+    hang_hint: what a deadlock means for this exercise."""
 
     def __init__(self, name, forbid=(), error_hints=None, hang_hint=HANG_HINT):
+        super().__init__()
         self.exercise = get(name)
         self.forbid, self.hang_hint = tuple(forbid), hang_hint
         self.error_hints = dict(error_hints or {})
         self.cases = {}
 
-    def case(self, title, world_sizes=None):
+    def __reduce__(self):  # to the ranks: found again by its module, never pickled whole
+        return _grader_of, (self.exercise.grader,)
+
+    def case(self, title, world_sizes=None, proves=None):
+        """Register fn(ctx) as the case `title`; proves: what it proves, in a sentence
+        (default: fn's docstring), shown by `course check --list`."""
         def register(fn):
-            self.cases[title] = Case(title, fn, world_sizes)
+            self.cases[title] = Case(title, fn, world_sizes,
+                                     " ".join((proves or fn.__doc__ or "").split()))
+            self.add(title, fn, world_sizes)
             return fn
         return register
+
+    # the harness's hooks, inside a rank
+    def prepare(self, rank, world_size, impl):
+        _Watch.install()
+        return (impl,)
+
+    def attempt(self, title, rank, world_size, shared):
+        _Watch.traffic = False
+        failure = _run_one(self, title, rank, world_size, shared[0])
+        return failure, None
+
+    def clean(self, failure):
+        """A failure that sent nothing (no message, no collective inside the piece) leaves no
+        stray message behind: when every rank failed so, the next case may use the group."""
+        return failure is not None and not _Watch.traffic and NO_ANSWER not in failure[0]
+
+    def own_failure(self, failure):
+        return failure is not None and NO_ANSWER not in failure[0]
+
+
+def _grader_of(module):
+    return importlib.import_module(module).grader
+
+
+def grader_of(name):
+    """Exercise `name`'s Grader."""
+    return _grader_of(get(name).grader)
 
 
 # ---- inside a rank --------------------------------------------------------------------------
@@ -88,7 +146,7 @@ class _Watch:
     """Wraps torch.distributed's functions once per process: while the piece runs they count
     the bytes it sends and the collectives it calls, and refuse the forbidden ones."""
 
-    active, forbid, sent, calls, name, depth = False, (), 0, None, "", 0
+    active, forbid, sent, calls, name, depth, traffic = False, (), 0, None, "", 0, False
 
     @classmethod
     def install(cls):
@@ -109,6 +167,8 @@ class _Watch:
     @classmethod
     def _wrap(cls, fname, original):
         def watched(*args, **kwargs):
+            if cls.active:
+                cls.traffic = True
             if cls.active and cls.depth == 0:  # send() calls isend(): count the outer call
                 if fname in cls.forbid:
                     raise Failure(f"{cls.name} called torch.distributed.{fname}",
@@ -176,8 +236,10 @@ class Context:
         index = [int(i) for i in bad.nonzero()[0]]
         shown = f"element {index[0]}" if len(index) == 1 else f"element {index}"
         tolerance = f"{atol:.0e}" + (f" + {rtol:.0e} x |expected|" if rtol else "")
-        self.fail(f"{what}, {shown} is {_num(g[tuple(index)])}, expected "
-                  f"{_num(e[tuple(index)])} (tolerance {tolerance})",
+        a, b = _apart(g[tuple(index)], e[tuple(index)])
+        self.fail(f"{what}, {shown} is {a}, expected {b}, a difference of "
+                  f"{_num(abs(float(g[tuple(index)]) - float(e[tuple(index)])), 2)} "
+                  f"(tolerance {tolerance})",
                   list(hints) + symptoms(g, e, self.world_size, own))
 
     def everyone(self, obj):
@@ -215,6 +277,15 @@ def _num(x, digits=7):
     return f"{x:.{digits}g}"
 
 
+def _apart(got, expected):
+    """got and expected with as many digits as it takes to tell them apart (7 at least)."""
+    for digits in range(7, 18):
+        a, b = _num(got, digits), _num(expected, digits)
+        if a != b:
+            break
+    return a, b
+
+
 def symptoms(got, expected, world_size, own=None):
     """Hints read off a wrong result: what it equals instead (float64 tensors)."""
     import torch
@@ -241,7 +312,10 @@ def symptoms(got, expected, world_size, own=None):
 
 def _load(exercise, impl):
     """The piece to grade, as a namespace of the exercise's symbols. impl: ("module", None) the
-    reference; ("switch", DIR) the learner's through DIST_SGD_MINE; ("file", PATH) a file."""
+    reference; ("switch", DIR) the learner's through DIST_SGD_MINE; ("file", PATH) a file; or
+    the namespace itself (a test that runs a grader's case on a variant of the piece)."""
+    if isinstance(impl, types.SimpleNamespace):
+        return impl
     kind, where = impl
     if kind == "switch":  # before the reference module is imported: its swap_in reads these
         os.environ[MINE], os.environ[ONLY] = where, exercise.name
@@ -283,44 +357,27 @@ def _run_one(grader, title, rank, world_size, impl):
     return None
 
 
-def run_cases(rank, world_size, grader_module, titles, impl, progress):
-    """Cases one after the other on one rank (launch()'s fn): [(title, None or (line, hints)
-    on this rank, whether it failed on any rank)]. After each case the ranks compare notes and
-    stop together at the first that failed anywhere; `progress` (a file) says which case
-    runs, so a hang is pinned on its case."""
-    import torch.distributed as dist
-
+def run_case(grader, title, rank, world_size, impl):
+    """One case of `grader` on this rank of a running group: None when it held, else (line,
+    hints). For a test that runs a grader's case on a variant of the piece: impl, a namespace
+    of the exercise's symbols (or a spec, as for _load)."""
     _Watch.install()
-    grader = importlib.import_module(grader_module).grader
-    done = []
-    for title in titles:
-        if rank == 0:
-            with open(progress, "a") as f:
-                f.write(title + "\n")
-        status = _run_one(grader, title, rank, world_size, impl)
-        everyone = [None] * world_size
-        try:
-            dist.all_gather_object(everyone, status is not None)
-        except Exception:  # the peers' timeouts broke the group: say what happened here
-            if status is not None and NO_ANSWER not in status[0]:
-                raise CaseFailed(json.dumps(status)) from None
-            raise
-        done.append((title, status, any(everyone)))
-        if any(everyone):
-            break
-    return done
+    return _run_one(grader, title, rank, world_size, impl)
 
 
 # ---- in the process that grades ---------------------------------------------------------------
 
 @dataclass
 class Result:
+    """One (case, world size): ok (it passed), or its failure line and hints; hung: it never
+    finished; ran: False when a hang earlier at this world size left it not run."""
     title: str
     world_size: int
     ok: bool
     line: str = ""
     hints: list = field(default_factory=list)
     hung: bool = False
+    ran: bool = True
 
 
 _TIMED_OUT = re.compile(r"[Tt]imed? ?out|timeout")
@@ -343,7 +400,8 @@ def _error_hints(grader, text):
     if "NotImplementedError" in text:
         return [f"write the part marked NotImplementedError (python3 -m dist_sgd.course hint "
                 f"{grader.exercise.name})"]
-    return [hint for key, hint in grader.error_hints.items() if key in text][:2]
+    hints = dict(COMMON_ERROR_HINTS, **grader.error_hints)
+    return [hint for key, hint in hints.items() if key in text][:2]
 
 
 def _from_rank_error(grader, title, world_size, error):
@@ -364,64 +422,65 @@ def _from_rank_error(grader, title, world_size, error):
                                   else "a receive or collective timed out")
         hints = [grader.hang_hint]
     else:
-        text, hints = text.split("; hint:")[0], _error_hints(grader, tb)
+        text, hints = text.split("; hint:")[0], _error_hints(grader, tb + "\n" + first)
     line = f"{grader.exercise.name}, world size {world_size}, rank {error.rank}, {title}: {text}"
     return Result(title, world_size, False, line[:400], hints[:2], hung)
 
 
-def run_grader(name, impl, world_sizes=None, titles=None, on_result=None, timeout=None):
-    """Grade exercise `name`'s implementation `impl` (see _load); a list of Results, case by
-    case in the grader's order. At each world size the cases run one after the other in one
-    spawned group; the first that fails anywhere ends that group, and the rest go on in a
-    fresh one. A case that fails at one world size is not run at larger ones; after a hang
-    nothing more runs. timeout: seconds per operation (default OPERATION_TIMEOUT, and then
-    CASE_DEADLINE; else three times it), for a caller that grades several at once."""
-    import tempfile
-
-    from dist_sgd.plumbing.launch import RankError, launch
-
+def run_grader(name, impl, world_sizes=None, titles=None, on_result=None, timeout=None,
+               stop_at_first=False):
+    """Grade exercise `name`'s implementation `impl` (see _load): one Result per (case, world
+    size), case by case in the grader's order, every world size graded, so the count is the
+    same on every run. At each world size the cases run one after the other in one spawned
+    group (the harness's run with stop); after a failure the rest go on in a fresh group;
+    after a hang the rest of that world size are not run (Result.ran False). stop_at_first:
+    end at the first failure anywhere (a test that needs only one). timeout: seconds per
+    operation (default OPERATION_TIMEOUT, and then CASE_DEADLINE; else three times it), for
+    a caller that grades several at once."""
     operation = OPERATION_TIMEOUT if timeout is None else timeout
     case_deadline = CASE_DEADLINE if timeout is None else 3 * timeout
     grader = importlib.import_module(get(name).grader).grader
     sizes = tuple(world_sizes or grader.exercise.world_sizes)
     wanted = [t for t in grader.cases if titles is None or t in titles]
-    failed, found = set(), {}
+    found = {}
     for ws in sorted({w for t in wanted for w in (grader.cases[t].world_sizes or sizes)}):
         if world_sizes is not None and ws not in sizes:
             continue
-        todo = [t for t in wanted if ws in (grader.cases[t].world_sizes or sizes)
-                and t not in failed]
+        todo = [t for t in wanted if ws in (grader.cases[t].world_sizes or sizes)]
         while todo:
-            with tempfile.NamedTemporaryFile("r", suffix=".progress") as progress:
-                try:
-                    out = launch(run_cases, ws, grader.exercise.grader, todo, impl,
-                                 progress.name, timeout=operation,
+            try:
+                out = grader.run(ws, todo, impl, stop=True, timeout=operation,
                                  deadline=case_deadline + operation * len(todo))
-                    ran = []
-                    for i, (title, _, anywhere) in enumerate(out[0]):
-                        bad = [o[i][1] for o in out if o[i][1] is not None]
-                        # A rank's own error over its peers' timeouts (they waited for it).
-                        bad = next((b for b in bad if NO_ANSWER not in b[0]), bad[0] if bad
-                                   else None)
-                        line, hints = bad or (f"{name}, world size {ws}, {title}: a rank "
-                                              "failed", [])
-                        ran.append(Result(title, ws, True) if not anywhere else
-                                   Result(title, ws, False, line, list(hints), NO_ANSWER in line))
-                except RankError as error:
-                    started = [line.strip() for line in progress if line.strip()]
-                    ran = [Result(t, ws, True) for t in started[:-1]]
-                    ran.append(_from_rank_error(grader, started[-1] if started else todo[0],
-                                                ws, error))
+                ran = [_from_outcomes(name, ws, title, [o[title] for o in out])
+                       for title in todo if title in out[0]]
+            except GroupBroke as error:
+                started = error.started
+                ran = [Result(t, ws, True) for t in started[:-1]]
+                ran.append(_from_rank_error(grader, started[-1] if started else todo[0],
+                                            ws, error))
+            todo = todo[len(ran):]
+            if ran[-1].hung:  # the rest at this world size would wait for the same message
+                ran += [Result(t, ws, False, f"{name}, world size {ws}, {t}: not run (a hang "
+                               "earlier at this world size)", ran=False) for t in todo]
+                todo = []
             for result in ran:
                 found[(result.title, ws)] = result
                 if on_result:
                     on_result(result)
-                if not result.ok:
-                    failed.add(result.title)
-                if result.hung:
+                if stop_at_first and not result.ok:
                     return _in_order(found, wanted)
-            todo = todo[len(ran):]
     return _in_order(found, wanted)
+
+
+def _from_outcomes(name, ws, title, outcomes):
+    """A case's Result from every rank's Outcome: a rank's own error over its peers' timeouts
+    (they waited for it)."""
+    if not outcomes[0].anywhere:
+        return Result(title, ws, True)
+    bad = [o.failure for o in outcomes if o.failure is not None]
+    bad = next((b for b in bad if NO_ANSWER not in b[0]), bad[0] if bad else None)
+    line, hints = bad or (f"{name}, world size {ws}, {title}: a rank failed", [])
+    return Result(title, ws, False, line, list(hints), NO_ANSWER in line)
 
 
 def _in_order(found, titles):
@@ -430,19 +489,28 @@ def _in_order(found, titles):
 
 
 def report(name, results, elapsed=None):
-    """The lines `course check` prints for one exercise: failures in full, passes counted."""
+    """The lines `course check` prints for one exercise: failures in full, passes counted,
+    every (case, world size) counted as passed, failed or not run."""
     passed = sum(r.ok for r in results)
+    failed = sum(not r.ok and r.ran for r in results)
+    not_run = sum(not r.ran for r in results)
     timing = f" in {elapsed:.1f} s" if elapsed is not None else ""
-    lines = [f"{name}: {passed} of {len(results)} checks pass{timing}"]
+    counts = f" ({failed} fail" + (f", {not_run} not run after a hang" if not_run else "") + ")"
+    lines = [f"{name}: {passed} of {len(results)} checks pass" + (counts if failed else "")
+             + timing]
     if results and all("NotImplementedError" in r.line for r in results):
         first = results[0]
         head, _, rest = first.line.partition(f", {first.title}: ")
         return lines + [f"  FAIL {head}, every case: {rest}"] + \
             ["       hint: " + h for h in first.hints]
     for r in results:
-        if not r.ok:
+        if not r.ok and r.ran:
             lines.append("  FAIL " + r.line)
             lines += ["       hint: " + h for h in r.hints]
+    skipped = [r for r in results if not r.ran]
+    for size in sorted({r.world_size for r in skipped}):
+        titles = [r.title for r in skipped if r.world_size == size]
+        lines.append(f"  NOT RUN at world size {size} (after the hang): " + "; ".join(titles))
     return lines
 
 

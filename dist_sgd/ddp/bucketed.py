@@ -218,7 +218,9 @@ class BucketedDDP(nn.Module):
         self._hooks = []
 
 
-def _all_reduce(tensor):  # a Future of the summed tensor (all_reduce's holds a list of it)
+def _all_reduce(tensor):
+    """Start summing tensor over the ranks: a Future of the summed tensor (all_reduce's own
+    Future holds a list of it)."""
     return dist.all_reduce(tensor, async_op=True).get_future().then(lambda f: f.value()[0])
 
 

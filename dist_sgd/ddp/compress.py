@@ -36,6 +36,7 @@ from dist_sgd.plumbing.mine import swap_in
 
 
 def _group(process_group):
+    """The process group a hook's state names, or the default group (state None)."""
     return process_group if process_group is not None else dist.group.WORLD
 
 

@@ -39,6 +39,7 @@ from dist_sgd.plumbing.mine import swap_in
 
 
 def _is_namedtuple(obj):
+    """A namedtuple (rebuilt with type(obj)(*parts), not type(obj)(parts))."""
     return isinstance(obj, tuple) and hasattr(obj, "_asdict") and hasattr(obj, "_fields")
 
 
@@ -243,6 +244,7 @@ class DataParallel(nn.Module):
 
 
 def _device(d):
+    """A device from what a user passes: an int is a GPU index (as torch's device_ids)."""
     return torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
 
 

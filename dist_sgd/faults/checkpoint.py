@@ -72,6 +72,7 @@ RESEEDED = "reseeded from (step, rank)"
 
 
 def _barrier():
+    """Wait for every rank (nothing to wait for outside a process group)."""
     if dist.is_initialized():
         dist.barrier()
 
@@ -101,6 +102,8 @@ def rng_state():
 
 
 def set_rng_state(state):
+    """Put back every random generator rng_state() saved: Python's, torch's CPU one, the
+    GPUs' (when saved and present) and NumPy's (when saved)."""
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
@@ -142,10 +145,12 @@ def _atomic_save(obj, path):
 
 
 def _atomic_write_text(text, path):
+    """Write text to path atomically (a temporary file renamed over it)."""
     _atomic_write(text.encode(), path)
 
 
 def step_dir(ckpt_dir, step):
+    """The folder of step `step`'s checkpoint in ckpt_dir: step-00000042."""
     return os.path.join(ckpt_dir, f"step-{step:08d}")
 
 
@@ -157,6 +162,8 @@ def full_model_state(model):
 
 
 def load_full_model_state(model, state):
+    """Load a whole state_dict into the model (unwrapped from DDP; a sharded model keeps its
+    own piece of each tensor)."""
     _unwrap(model).load_state_dict(state)
 
 
@@ -223,6 +230,8 @@ def save_checkpoint(ckpt_dir, step, model, optimizer=None, items=None, sampler_s
 
 
 def _remove_old(ckpt_dir, keep):
+    """Delete all but the newest `keep` step folders (never the one `latest` names);
+    keep=0 or None keeps all."""
     steps = sorted(d for d in os.listdir(ckpt_dir) if d.startswith("step-"))
     latest = latest_checkpoint(ckpt_dir)
     for name in steps[:-keep] if keep else []:
@@ -251,6 +260,8 @@ def _write_checksums(folder, listed):
 
 
 def _checksums(folder):
+    """The {file name: sha256} the checkpoint in folder lists, its own digest checked (a
+    ValueError when it is missing or damaged)."""
     path = os.path.join(folder, CHECKSUMS)
     try:
         with open(path, "rb") as f:
@@ -301,6 +312,8 @@ def _model_shapes(model):
 
 
 def _check_model(own, saved):
+    """A ValueError unless the saved state_dict has the model's names and shapes (own: name ->
+    shape, from _model_shapes)."""
     missing, unexpected = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, "
@@ -312,6 +325,8 @@ def _check_model(own, saved):
 
 
 def _check_optimizer(model, optimizer, shared, folder):
+    """A ValueError unless the checkpoint's optimizer state (shared['optimizer']) was saved by
+    the same kind of optimizer, for as many parameters in the same groups."""
     saved = shared["optimizer"]
     if saved is None:
         raise ValueError(f"checkpoint {folder} holds no optimizer state")
@@ -372,6 +387,7 @@ def _snapshot(model, optimizer):
 
 
 def _restore(snapshot):
+    """Put back what _snapshot took: the weights, the optimizer's state and its groups' options."""
     local, weights, held = snapshot
     with torch.no_grad():
         local.load_state_dict(weights)
@@ -389,6 +405,11 @@ def load_checkpoint(ckpt_dir, model, optimizer=None, restore_rng=True):
     "rng" ("restored" or "reseeded from (step, rank)"), "sampler", "extra", "path"}, or None
     when ckpt_dir holds no checkpoint. Raises ValueError on every rank, changing nothing, when
     it does not fit or is damaged.
+
+    restore_rng=True: every random generator as it was at the save (same world size), or
+    reseeded from (step, rank) (another world size: the saved per-rank states do not fit).
+    restore_rng=False: the generators are left as they are (the caller seeds them) and "rng"
+    is None.
     """
     # ---- exercise save_checkpoint: load the latest back (model, optimizer, generators)
     folder = latest_checkpoint(ckpt_dir)

@@ -7,4 +7,5 @@
     timing      time_alternating: A B A B ..., medians, the slowest rank per sample
     figures     the figures' CSVs (read, write, where)
     mine        DIST_SGD_MINE=DIR: a learner's file where the library's piece was (swap_in)
+    cases       named cases run in one spawned group per world size: the tests' and graders'
 """

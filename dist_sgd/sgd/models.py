@@ -1,4 +1,6 @@
-"""The networks the lessons train. Small on purpose: they must train on a 2-core laptop."""
+"""The networks the lessons train, and Awkward, the tests' and graders' model. Small on
+purpose: they must train on a 2-core laptop."""
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -58,6 +60,32 @@ class MLP(nn.Module):
 
     def forward(self, x):
         return F.log_softmax(self.fc2(F.relu(self.fc1(x.flatten(1)))), dim=1)
+
+
+class Awkward(nn.Module):
+    """A test model with every case a gradient synchronizer must get right: a frozen weight
+    (its bias still trains), a layer never called in forward (.grad stays None), one weight
+    tied between two layers (one Parameter, two uses: its .grad already sums both), and a
+    buffer (not a gradient). 11 parameters, of which 8 get a gradient; log-probabilities out.
+
+    Awkward(784, 10) takes MNIST-shaped images (flattened); the default takes 20 features.
+    """
+
+    def __init__(self, inputs=20, classes=5):
+        super().__init__()
+        self.inp = nn.Linear(inputs, 12)
+        self.frozen = nn.Linear(12, 12)
+        self.frozen.weight.requires_grad_(False)
+        self.a, self.b = nn.Linear(12, 12), nn.Linear(12, 12)
+        self.b.weight = self.a.weight
+        self.unused = nn.Linear(12, classes)
+        self.head = nn.Linear(12, classes)
+        self.register_buffer("running", torch.zeros(12))
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x.flatten(1)))
+        h = torch.tanh(self.b(torch.tanh(self.a(self.frozen(h)))))
+        return F.log_softmax(self.head(h), dim=1)
 
 
 def init_weights(module):

@@ -23,7 +23,8 @@ from dist_sgd.plumbing.mine import swap_in
 
 
 def _check(group):
-    # torch.optim.SGD's rules and messages, plus the options ours does not implement.
+    """Refuse a parameter group's bad options with torch.optim.SGD's rules and messages
+    (a ValueError), and the options ours does not implement."""
     lr = group["lr"]
     if isinstance(lr, torch.Tensor) and lr.numel() != 1:
         raise ValueError("Tensor lr must be 1-element")

@@ -68,6 +68,7 @@ class DataPartitioner:
 
 
 def _group_default(value, what, getter):
+    """value if given, else getter() from the process group (a clear error without one)."""
     if value is not None:
         return value
     if not (dist.is_available() and dist.is_initialized()):

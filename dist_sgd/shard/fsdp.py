@@ -125,6 +125,7 @@ def retire(param):
 
 
 def itemsize(dtype):
+    """Bytes per element of dtype (4 for float32, 2 for bfloat16)."""
     return torch.empty(0, dtype=dtype).element_size()
 
 
@@ -193,9 +194,17 @@ class _Unit:
 
     state: "free" (storages of 0 bytes) -> gather(): "gathering" (self.works: the (handle,
     piece) of each all-gather in flight) -> wait(): "gathered" -> free(): "free". Collectives
-    go through self.comm.start(name, *args) (counted, asynchronous: a handle with .wait());
+    go through self.comm.start(name, *args) (counted, asynchronous: a handle with .wait()),
+    with torch's in-place signatures: start("all_gather", output_list, tensor),
+    start("reduce_scatter", output, input_list), start("all_reduce", tensor).
     self.memory.count(+/- bytes) follows the buffers held; self.reducing: the (shard, out,
-    handle, flat) of each reduce-scatter in flight."""
+    handle, flat) of each reduce-scatter in flight.
+
+    self.shards[i] (a _Shard): .param, this rank's piece (a flat Parameter of .size elements,
+    zero-padded on the last ranks), .shape and .numel of the whole parameter, .size =
+    ceil(numel / p), and .accumulated (None, or under no_sync the padded full gradient summed
+    over backwards). self.storages[i], self.numels[i] (size * p) and self.dtypes[i] (the
+    compute dtype): shard i's gathered storage; self.tensor(i, shape) views it."""
 
     def __init__(self, name, module, places, shards, compute_dtype, comm, memory, world_size):
         self.name, self.module, self.shards = name, module, shards

@@ -316,6 +316,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
 
 def _check_rank(to, world_size):
+    """A ValueError unless `to` is a rank (an int in 0..world_size-1)."""
     if isinstance(to, bool) or not isinstance(to, int) or not 0 <= to < world_size:
         raise ValueError(f"to must be a rank in 0..{world_size - 1}, got {to!r}")
 

@@ -5,6 +5,7 @@ Written as changes to the reference (dist_sgd/course/skeleton.reference): each (
 replaces text that occurs once in it, so the wrong version follows the reference as it changes."""
 
 CAUGHT_BY = "forward and backward, 7 rows over 3 replicas: one process's output and gradients"
+HINT = "the replicas' parameters must be autograd"
 PATCH = [
     ('import time\n',
      'import copy\nimport time\n'),

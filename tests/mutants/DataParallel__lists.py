@@ -5,6 +5,7 @@ Written as changes to the reference (dist_sgd/course/skeleton.reference): each (
 replaces text that occurs once in it, so the wrong version follows the reference as it changes."""
 
 CAUGHT_BY = 'gather: tuples, dicts, None, namedtuples and one loss per replica, as torch'
+HINT = "rebuild each container as its own type:"
 PATCH = [
     ('        return type(first)._make(gather(list(xs), device, dim) for xs in zip(*outputs, strict=True))\n',
      '        return [gather(list(xs), device, dim) for xs in zip(*outputs, strict=True)]\n'),

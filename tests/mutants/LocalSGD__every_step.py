@@ -4,6 +4,7 @@ import torch
 import torch.distributed as dist
 
 CAUGHT_BY = "period 3, 7 steps: torch's PeriodicModelAverager's weights on every rank"
+HINT = "the call number c = 0, 1, 2, ... of step()"
 
 
 def average_parameters(params, group=None):

@@ -3,6 +3,7 @@ import torch
 import torch.distributed as dist
 
 CAUGHT_BY = "average_parameters: every parameter becomes the ranks' mean, in place"
+HINT = "times too big: summed but not divided"
 
 
 def average_parameters(params, group=None):

@@ -4,6 +4,7 @@ import torch
 import torch.distributed as dist
 
 CAUGHT_BY = "average_parameters: every parameter becomes the ranks' mean, in place"
+HINT = "this rank still holds its own values"
 
 
 def average_parameters(params, group=None):

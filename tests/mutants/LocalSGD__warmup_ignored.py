@@ -3,6 +3,7 @@ import torch
 import torch.distributed as dist
 
 CAUGHT_BY = "period 2 after warmup_steps 3, 8 steps: torch's weights on every rank"
+HINT = "no averaging during the first warmup_steps"
 
 
 def average_parameters(params, group=None):

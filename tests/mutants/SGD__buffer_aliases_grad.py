@@ -3,6 +3,7 @@ into the buffer, and the buffer's updates write into p.grad."""
 import torch
 
 CAUGHT_BY = "momentum 0.9, 4 steps: the weights and the momentum buffers"
+HINT = "work on a new tensor (g = p.grad.add(p,"
 
 
 class SGD(torch.optim.Optimizer):

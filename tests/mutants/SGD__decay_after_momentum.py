@@ -3,6 +3,7 @@ gradient before the buffer sees it."""
 import torch
 
 CAUGHT_BY = "weight decay 0.01 with momentum 0.9, 4 steps"
+HINT = "weight decay comes first, before momentum: g ="
 
 
 class SGD(torch.optim.Optimizer):

@@ -4,6 +4,7 @@ the momentum buffer that may share it, all see the decayed gradient)."""
 import torch
 
 CAUGHT_BY = "weight decay 0.01 with momentum 0.9, 4 steps"
+HINT = "work on a new tensor (g = p.grad.add(p,"
 
 
 class SGD(torch.optim.Optimizer):

@@ -3,6 +3,7 @@ away from zero instead of towards it."""
 import torch
 
 CAUGHT_BY = "maximize=True with weight decay 0.01 and momentum 0.9, 3 steps"
+HINT = "maximize negates the gradient first, then"
 
 
 class SGD(torch.optim.Optimizer):

@@ -2,6 +2,7 @@
 import torch
 
 CAUGHT_BY = "Nesterov momentum 0.9, 4 steps"
+HINT = "with nesterov=True the step is g + momentum *"
 
 
 class SGD(torch.optim.Optimizer):

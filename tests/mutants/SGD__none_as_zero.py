@@ -3,6 +3,7 @@ momentum, where torch leaves it (and its buffer) alone."""
 import torch
 
 CAUGHT_BY = "a parameter whose .grad is None is skipped (weight decay and momentum on)"
+HINT = "a parameter whose .grad is None is skipped: no"
 
 
 class SGD(torch.optim.Optimizer):

@@ -3,6 +3,7 @@ the first step, where torch takes b = g (the same only without dampening)."""
 import torch
 
 CAUGHT_BY = "momentum 0.9 with dampening 0.5, 4 steps"
+HINT = "on a parameter's first step the momentum buffer"
 
 
 class SGD(torch.optim.Optimizer):

@@ -6,6 +6,7 @@ import torch
 from torch.utils.data import Sampler
 
 CAUGHT_BY = "shuffle=False, n = 12 and 10: the strided split"
+HINT = "rank r takes every num_replicas-th index from"
 
 
 class ShardSampler(Sampler):

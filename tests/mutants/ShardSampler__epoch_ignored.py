@@ -6,6 +6,7 @@ import torch
 from torch.utils.data import Sampler
 
 CAUGHT_BY = "set_epoch(1): a new order, every rank the same one"
+HINT = "set_epoch(epoch) must change the order: seed"
 
 
 class ShardSampler(Sampler):

@@ -5,6 +5,7 @@ import torch
 from torch.utils.data import Sampler
 
 CAUGHT_BY = "padding: n = 11 and n smaller than the world size"
+HINT = "without drop_last pad the order up to"
 
 
 class ShardSampler(Sampler):

@@ -7,6 +7,7 @@ import torch
 from torch.utils.data import Sampler
 
 CAUGHT_BY = "shuffled, seeds 0 and 7, n = 100 and 101, epoch 0"
+HINT = "every rank must draw the same permutation"
 
 
 class ShardSampler(Sampler):

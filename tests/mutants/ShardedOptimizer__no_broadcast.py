@@ -5,6 +5,7 @@ Written as changes to the reference (dist_sgd/course/skeleton.reference): each (
 replaces text that occurs once in it, so the wrong version follows the reference as it changes."""
 
 CAUGHT_BY = "3 Adam steps: plain Adam's weights on one process, on every rank"
+HINT = "after its own step, each parameter must reach"
 PATCH = [
     ('            self._broadcast_shards(shards)\n',
      ''),

@@ -3,6 +3,7 @@ the arriving tensor is the left neighbour's; later ones are ranks further back."
 import torch.distributed as dist
 
 CAUGHT_BY = "n = 7 float32 numbers per rank"
+HINT = "at step s the tensor arriving from the left is"
 
 
 def all_gather(tensor_list, tensor):

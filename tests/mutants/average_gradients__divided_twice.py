@@ -3,6 +3,7 @@ DDP, which already averaged: pytorch/tutorials#2305)."""
 import torch.distributed as dist
 
 CAUGHT_BY = "one step of a model with frozen, unused and tied parameters"
+HINT = "times too small: divided twice"
 
 
 def average_gradients(model):

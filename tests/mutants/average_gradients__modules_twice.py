@@ -3,6 +3,7 @@ reduced (and divided) twice."""
 import torch.distributed as dist
 
 CAUGHT_BY = "the tied weight reduced once, the buffer left alone"
+HINT = "model.parameters() lists the tied weight once;"
 
 
 def average_gradients(model):

@@ -3,6 +3,7 @@ whose .grad is None."""
 import torch.distributed as dist
 
 CAUGHT_BY = "one step of a model with frozen, unused and tied parameters"
+HINT = "a parameter whose .grad is None (frozen, or not"
 
 
 def average_gradients(model):

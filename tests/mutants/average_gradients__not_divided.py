@@ -2,6 +2,7 @@
 import torch.distributed as dist
 
 CAUGHT_BY = "one step of a model with frozen, unused and tied parameters"
+HINT = "times too big: summed but not divided"
 
 
 def average_gradients(model):

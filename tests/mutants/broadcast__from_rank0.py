@@ -3,6 +3,8 @@ src = 0, rank 0's tensor everywhere otherwise."""
 import torch.distributed as dist
 
 CAUGHT_BY = "n = 1001 float32 numbers from src = p - 1"
+HINT = ("rank 0's tensor arrived, not src's: number the",
+        "this rank still holds its own values")
 
 
 def broadcast(tensor, src):

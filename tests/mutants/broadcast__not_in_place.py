@@ -3,6 +3,7 @@ import torch
 import torch.distributed as dist
 
 CAUGHT_BY = "n = 1001 float32 numbers from src = p - 1"
+HINT = "this rank still holds its own values"
 
 
 def broadcast(tensor, src):

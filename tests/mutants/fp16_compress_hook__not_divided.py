@@ -18,3 +18,5 @@ def fp16_compress_hook(process_group, bucket):
 
 
 CAUGHT_BY = "3 steps on torch's DDP: torch's fp16_compress_hook's gradients, bit for bit"
+HINT = ("divide the float16 copy by the world size, then",
+        "times too big: summed but not divided")

@@ -11,3 +11,4 @@ def fp16_compress_hook(process_group, bucket):
 
 
 CAUGHT_BY = "the hook's result: the averaged bucket in its own dtype and shape"
+HINT = "decompress: copy the float16 sum back into"

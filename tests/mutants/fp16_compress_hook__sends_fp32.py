@@ -19,3 +19,4 @@ def fp16_compress_hook(process_group, bucket):
 
 
 CAUGHT_BY = "what the hook all-reduces: float16, half the bucket's bytes"
+HINT = "cast to float16 before the all-reduce and back"

@@ -5,6 +5,7 @@ Written as changes to the reference (dist_sgd/course/skeleton.reference): each (
 replaces text that occurs once in it, so the wrong version follows the reference as it changes."""
 
 CAUGHT_BY = 'gather in float16: the pieces cast before they are sent'
+HINT = "cast your piece to self.dtypes[i] before"
 PATCH = [
     ('            piece = s.param.detach().to(self.dtypes[i])  # cast first: float16 halves the bytes\n',
      '            piece = s.param.detach()\n'),

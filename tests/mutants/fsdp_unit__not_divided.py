@@ -5,6 +5,7 @@ Written as changes to the reference (dist_sgd/course/skeleton.reference): each (
 replaces text that occurs once in it, so the wrong version follows the reference as it changes."""
 
 CAUGHT_BY = 'reduce-scatter: each rank gets its piece of the mean gradient, then adds'
+HINT = "times too big: summed but not divided"
 PATCH = [
     ('            out.div_(self.world_size)  # the sum over ranks -> the mean\n',
      ''),

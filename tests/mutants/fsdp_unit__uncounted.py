@@ -5,6 +5,7 @@ Written as changes to the reference (dist_sgd/course/skeleton.reference): each (
 replaces text that occurs once in it, so the wrong version follows the reference as it changes."""
 
 CAUGHT_BY = 'the collectives go through self.comm.start, where FSDP counts its bytes'
+HINT = "start each collective with"
 PATCH = [
     ('import torch\nfrom dist_sgd.shard.fsdp import _Gather, itemsize\n',
      'import torch\nimport torch.distributed as dist\nfrom dist_sgd.shard.fsdp import _Gather, itemsize\n'),

@@ -8,6 +8,7 @@ from dist_sgd.ddp.hooks import call_when_backward_ends, hook_gradients
 from dist_sgd.sgd.sync import broadcast_parameters
 
 CAUGHT_BY = "one backward: every gradient averaged when backward() returns, rank 0 late"
+HINT = "backward() must return with every gradient"
 
 
 class HookDDP(nn.Module):

@@ -7,6 +7,7 @@ from dist_sgd.ddp.hooks import call_when_backward_ends, hook_gradients
 from dist_sgd.sgd.sync import broadcast_parameters
 
 CAUGHT_BY = "one backward: every gradient averaged when backward() returns, rank 0 late"
+HINT = "times too big: summed but not divided"
 
 
 class HookDDP(nn.Module):

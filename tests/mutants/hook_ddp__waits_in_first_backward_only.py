@@ -8,6 +8,7 @@ from dist_sgd.ddp.hooks import call_when_backward_ends, hook_gradients
 from dist_sgd.sgd.sync import broadcast_parameters
 
 CAUGHT_BY = "three steps of SGD with momentum: torch DDP's gradients and weights"
+HINT = "backward() must return with every gradient"
 
 
 class HookDDP(nn.Module):

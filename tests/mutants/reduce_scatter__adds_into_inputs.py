@@ -4,6 +4,7 @@ import torch
 import torch.distributed as dist
 
 CAUGHT_BY = "entries of n = 5 float64 numbers"
+HINT = "torch leaves input_list as it was: add into"
 
 
 def reduce_scatter(output, input_list):

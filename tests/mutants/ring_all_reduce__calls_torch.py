@@ -2,6 +2,7 @@
 import torch.distributed as dist
 
 CAUGHT_BY = "n = 10007 float32 numbers (p does not divide n)"
+HINT = "build it from isend/irecv (or send/recv) only:"
 
 
 def ring_all_reduce(x):

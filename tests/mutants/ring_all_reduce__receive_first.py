@@ -4,6 +4,7 @@ import torch
 import torch.distributed as dist
 
 CAUGHT_BY = "n = 10007 float32 numbers (p does not divide n)"
+HINT = "a rank waited for a message that never came: each receive needs a send"
 
 
 def ring_all_reduce(x):

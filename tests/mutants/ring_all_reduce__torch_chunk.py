@@ -4,6 +4,7 @@ import torch
 import torch.distributed as dist
 
 CAUGHT_BY = "n = p + 1 float32 numbers (fewer than two per chunk)"
+HINT = "x.tensor_split(p) always gives p chunks"
 
 
 def ring_all_reduce(x):

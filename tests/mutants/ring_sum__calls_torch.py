@@ -2,6 +2,7 @@
 import torch.distributed as dist
 
 CAUGHT_BY = "a 3 x 5 float32 tensor: the sum against dist.all_reduce"
+HINT = "build it from isend/irecv (or send/recv) only:"
 
 
 def ring_sum(tensor):

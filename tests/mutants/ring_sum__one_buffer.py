@@ -3,6 +3,7 @@ what they were about to pass on, so their own tensor never leaves them."""
 import torch.distributed as dist
 
 CAUGHT_BY = "a 3 x 5 float32 tensor: the sum against dist.all_reduce"
+HINT = "pass on exactly what arrived, in a buffer of"
 
 
 def ring_sum(tensor):

@@ -5,6 +5,7 @@ import torch
 import torch.distributed as dist
 
 CAUGHT_BY = "a 3 x 5 float32 tensor: the sum against dist.all_reduce"
+HINT = "a rank waited for a message that never came: a blocking send waits for"
 
 
 def ring_sum(tensor):

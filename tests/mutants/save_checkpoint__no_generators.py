@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 CAUGHT_BY = "killed after step 3 of 6 and resumed: the uninterrupted run's weights"
+HINT = "dropout, the data and the jitter come from"
 
 
 def _path(ckpt_dir):

@@ -7,6 +7,8 @@ import torch
 import torch.distributed as dist
 
 CAUGHT_BY = "each rank's own random generators come back"
+HINT = ("each rank's generators are its own: save them",
+        "dropout, the data and the jitter come from the")
 
 
 def save_checkpoint(ckpt_dir, step, model, optimizer):

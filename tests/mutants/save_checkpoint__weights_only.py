@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 CAUGHT_BY = "saved, then loaded into a fresh model: weights, momentum, learning rate"
+HINT = "the optimizer's state_dict() holds the momentum"
 
 
 def _path(ckpt_dir):

@@ -17,7 +17,10 @@ grader = Grader("DataParallel", error_hints={
     "out of range": "torch's chunk may give fewer chunks than devices (5 rows on 4 devices: "
                     "2 + 2 + 1): run only as many replicas as there are chunks",
     "zip() argument": "containers: zip the pieces of every element, which all have the same "
-                      "number of chunks (the batch is split alike everywhere)"})
+                      "number of chunks (the batch is split alike everywhere)",
+    "Sizes of tensors must match except in dimension":
+        "gather concatenates the replicas' outputs along dim: they differ in size there only, "
+        "so torch.cat(outputs, dim=dim), the dim the batch was scattered on"})
 Pair = namedtuple("Pair", "left right")
 CPU = torch.device("cpu")
 CHUNKS = ("torch's rule is tensor.chunk(p, dim): ceil(n / p) rows per chunk, the last ones "
@@ -79,6 +82,8 @@ def _inputs(rows, dim):
 
 @grader.case("scatter: 10, 5 and 3 rows over 4 devices, nested containers, as torch")
 def scatter_like_torch(ctx):
+    """Scatter splits tensors in nested containers as torch's scatter does (tensor.chunk along
+    dim), uneven and along dim 1 too."""
     for rows, devices, dim in ((10, 4, 0), (5, 4, 0), (3, 4, 0), (7, 3, 1)):
         obj = _inputs(rows, dim)
         with _torch_rules_on_cpu():
@@ -90,6 +95,8 @@ def scatter_like_torch(ctx):
 
 @grader.case("gather: tuples, dicts, None, namedtuples and one loss per replica, as torch")
 def gather_like_torch(ctx):
+    """Gather rebuilds tuples, dicts, None, namedtuples and per-replica losses as torch's
+    gather does, concatenating along dim."""
     for replicas, dim in ((3, 0), (2, 1)):
         g = torch.Generator().manual_seed(replicas)
         outputs = [(Pair(torch.randn(2, 3, generator=g), None),
@@ -107,7 +114,7 @@ def gather_like_torch(ctx):
         _same(ctx, got, expected, f"gather of {replicas} outputs (dim {dim})")
 
 
-class Awkward(nn.Module):
+class KeywordsAndTuple(nn.Module):
     """A keyword tensor and a keyword float, a tied weight, a frozen layer, a tuple output with
     a dict in it."""
 
@@ -125,9 +132,9 @@ class Awkward(nn.Module):
 
 def _one_process_and_ours(ctx, rows, replicas, dim=0):
     torch.manual_seed(0)
-    single = Awkward().double()
+    single = KeywordsAndTuple().double()
     torch.manual_seed(0)
-    mine = Awkward().double()
+    mine = KeywordsAndTuple().double()
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 6, generator=g, dtype=torch.float64)
     mask = (torch.rand(rows, 5, generator=g) > 0.3).double()
@@ -162,12 +169,16 @@ def _expect_one_process(ctx, single, mine, results, where):
 
 @grader.case("forward and backward, 7 rows over 3 replicas: one process's output and gradients")
 def one_process(ctx):
+    """Forward and backward through DataParallel give one process's output and gradients on the
+    whole batch (keyword inputs, tied and frozen weights)."""
     single, mine, results = _one_process_and_ours(ctx, 7, 3)
     _expect_one_process(ctx, single, mine, results, "7 rows over 3 replicas")
 
 
 @grader.case("5 rows over 4 replicas (3 chunks), 1 row over 2, and 1 replica")
 def fewer_chunks(ctx):
+    """The same when there are fewer rows than replicas (fewer chunks than devices) and with
+    one replica."""
     for rows, replicas in ((5, 4), (1, 2), (4, 1)):
         single, mine, results = _one_process_and_ours(ctx, rows, replicas)
         _expect_one_process(ctx, single, mine, results, f"{rows} rows over {replicas} replicas")

@@ -74,6 +74,8 @@ def _against_torch(ctx, steps, period, warmup_steps=0, schedule_hint=HINTS["sche
 
 @grader.case("average_parameters: every parameter becomes the ranks' mean, in place")
 def mean(ctx):
+    """Average_parameters replaces every parameter, in place, by its mean over the ranks
+    (float64, within 1e-12)."""
     params = [torch.nn.Parameter(torch.randn(shape, dtype=torch.float64,
                                              generator=torch.Generator().manual_seed(ctx.rank)))
               for shape in ((3, 5), (7,), (1,))]
@@ -87,6 +89,7 @@ def mean(ctx):
 
 @grader.case("period 1, 4 steps: all-reduce SGD's weights")
 def period_one(ctx):
+    """Averaging the weights after every step gives all-reduce SGD's weights."""
     ref, mine = _model(), _model()
     _train(ctx, ref, 4, lambda: None, sync_gradients=True)
     local = ctx.call(ctx.impl.LocalSGD, mine.parameters(), period=1)
@@ -98,9 +101,13 @@ def period_one(ctx):
 
 @grader.case("period 3, 7 steps: torch's PeriodicModelAverager's weights on every rank")
 def period_three(ctx):
+    """Step() averages after steps 0, 3, 6 (local.syncs counts them) and the weights equal
+    torch's PeriodicModelAverager's on every rank."""
     _against_torch(ctx, 7, 3)
 
 
 @grader.case("period 2 after warmup_steps 3, 8 steps: torch's weights on every rank")
 def warmup(ctx):
+    """The same after warmup_steps: no averaging during the first 3 calls, then every period-
+    th."""
     _against_torch(ctx, 8, 2, warmup_steps=3, schedule_hint=HINTS["warmup"])

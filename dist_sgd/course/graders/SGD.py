@@ -65,11 +65,15 @@ def _steps(ctx, steps, options, hints, none=()):
 
 @grader.case("plain SGD (momentum 0), lr 0.1, 3 steps")
 def plain(ctx):
+    """After each step every parameter equals torch.optim.SGD's from the same weights and
+    gradients (float64, within 1e-12), and p.grad is left as it was."""
     _steps(ctx, 3, {"lr": 0.1}, ["p = p - lr * p.grad, in place (p.add_(g, alpha=-lr))"])
 
 
 @grader.case("momentum 0.9, 4 steps: the weights and the momentum buffers")
 def momentum(ctx):
+    """The same with momentum, and each parameter's momentum buffer equals torch's, kept in
+    self.state[p]."""
     opt, ref_opt, mine, ref = _steps(ctx, 4, {"lr": 0.1, "momentum": 0.9}, [HINTS["buffer"]])
     for i, (p, q) in enumerate(zip(mine, ref)):
         b = opt.state[p].get("momentum_buffer")
@@ -82,27 +86,33 @@ def momentum(ctx):
 
 @grader.case("momentum 0.9 with dampening 0.5, 4 steps")
 def dampening(ctx):
+    """The same with dampening: the first step's buffer is g itself, later ones damped."""
     _steps(ctx, 4, {"lr": 0.1, "momentum": 0.9, "dampening": 0.5}, [HINTS["buffer"]])
 
 
 @grader.case("Nesterov momentum 0.9, 4 steps")
 def nesterov(ctx):
+    """The same with Nesterov momentum: the step is g + momentum * b."""
     _steps(ctx, 4, {"lr": 0.1, "momentum": 0.9, "nesterov": True}, [HINTS["nesterov"]])
 
 
 @grader.case("weight decay 0.01 with momentum 0.9, 4 steps")
 def weight_decay(ctx):
+    """The same with weight decay, added to the gradient before momentum, p.grad untouched."""
     _steps(ctx, 4, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}, [HINTS["decay"]])
 
 
 @grader.case("maximize=True with weight decay 0.01 and momentum 0.9, 3 steps")
 def maximize(ctx):
+    """The same with maximize=True: the gradient negated first, then weight decay."""
     _steps(ctx, 3, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01, "maximize": True},
            [HINTS["maximize"]])
 
 
 @grader.case("a parameter whose .grad is None is skipped (weight decay and momentum on)")
 def skipped(ctx):
+    """A parameter whose .grad is None at some step gets no weight decay, no momentum and no
+    step then, as torch's."""
     # parameter 1 has no gradient at steps 1 and 2 (it has a buffer by then), parameter 2 none
     # at step 0 (its buffer starts at step 1)
     _steps(ctx, 4, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}, [HINTS["skip"]],

@@ -47,10 +47,39 @@ def _indices(ctx, n, epoch=0, **options):
     return got, list(torchs), ctx.call(len, sampler)
 
 
+def _blocks(ctx, n, epoch, options):
+    """This rank's indices had it taken a block of torch's order, not every p-th index."""
+    p = ctx.world_size
+    ranks = []
+    for r in range(p):
+        theirs = DistributedSampler(Items(n), num_replicas=p, rank=r, **options)
+        theirs.set_epoch(epoch)
+        ranks.append(list(theirs))
+    order = [ranks[j % p][j // p] for j in range(len(ranks[0]) * p)]
+    k = len(ranks[ctx.rank])
+    return order[ctx.rank * k:(ctx.rank + 1) * k]
+
+
+def _fitting(ctx, hints, got, expected, n, epoch, options):
+    """The hints the evidence supports: "strided" when this rank took a block of the order,
+    "seed" when it took other indices than torch's, and not as a block."""
+    blocks = ctx.world_size > 1 and got == _blocks(ctx, n, epoch, options)
+    keep = []
+    for hint in hints:
+        if hint == HINTS["strided"] and not blocks:
+            continue
+        if hint == HINTS["seed"] and (blocks or sorted(got) == sorted(expected)):
+            continue
+        keep.append(hint)
+    return keep
+
+
 def _compare(ctx, cases, hints):
     """cases: [(n, epoch, options)]: every one's indices and length equal torch's."""
+    every = hints
     for n, epoch, options in cases:
         got, expected, length = _indices(ctx, n, epoch, **options)
+        hints = _fitting(ctx, every, got, expected, n, epoch, options)
         what = f"n = {n}, epoch {epoch}, " + ", ".join(f"{k}={v}" for k, v in options.items())
         ctx.expect(len(got) == len(expected), f"{what}: {len(got)} indices on this rank, "
                    f"expected {len(expected)}", hints)
@@ -67,22 +96,30 @@ def _compare(ctx, cases, hints):
 
 @grader.case("shuffle=False, n = 12 and 10: the strided split")
 def in_order(ctx):
+    """Without shuffling, this rank's indices and len() equal DistributedSampler's: every
+    num_replicas-th index from position rank."""
     _compare(ctx, [(n, 0, {"shuffle": False}) for n in (12, 10)], [HINTS["strided"]])
 
 
 @grader.case("shuffled, seeds 0 and 7, n = 100 and 101, epoch 0")
 def shuffled(ctx):
+    """Shuffled, index for index DistributedSampler's for two seeds and two lengths: every rank
+    draws the same permutation and takes its stride."""
     _compare(ctx, [(n, 0, {"seed": seed}) for seed in (0, 7) for n in (100, 101)],
              [HINTS["seed"], HINTS["strided"]])
 
 
 @grader.case("set_epoch(1): a new order, every rank the same one")
 def next_epoch(ctx):
+    """Set_epoch(1) gives DistributedSampler's epoch-1 order, the same permutation on every
+    rank."""
     _compare(ctx, [(101, epoch, {"seed": 3}) for epoch in (0, 1)], [HINTS["epoch"]])
 
 
 @grader.case("padding: n = 11 and n smaller than the world size")
 def padding(ctx):
+    """Without drop_last, DistributedSampler's padding: the order wrapped around to equal
+    lengths, also when n is smaller than the world size."""
     small = max(1, ctx.world_size - 1)
     _compare(ctx, [(n, 0, {"shuffle": shuffle}) for n in (11, small) for shuffle in (False, True)],
              [HINTS["pad"]])
@@ -90,6 +127,7 @@ def padding(ctx):
 
 @grader.case("drop_last=True: n = 11, 12 and smaller than the world size")
 def drop_last(ctx):
+    """With drop_last, DistributedSampler's cut: n // num_replicas indices per rank."""
     cases = [(n, 0, {"drop_last": True, "shuffle": shuffle}) for n in (11, 12, ctx.world_size - 1)
              for shuffle in (False, True) if n > 0]
     _compare(ctx, cases, [HINTS["cut"]])
@@ -97,6 +135,8 @@ def drop_last(ctx):
 
 @grader.case("the ranks' shards cover the dataset once, plus the padding only")
 def cover(ctx):
+    """Together the ranks' shards hold every index once, plus the padding only (or minus the
+    cut tail), with equal lengths on every rank."""
     n, shards = 13, []
     for drop in (False, True):
         got, _, _ = _indices(ctx, n, 1, seed=5, drop_last=drop)

@@ -3,9 +3,10 @@ from isend/irecv alone, each rank sending p-1 tensors (a ring), equal to torch's
 import torch
 import torch.distributed as dist
 
-from dist_sgd.course.grade import COLLECTIVES, Grader, random_input
+from dist_sgd.course.grade import COLLECTIVES, PAIRED_HANG_HINT, Grader, random_input
 
-grader = Grader("all_gather", forbid=COLLECTIVES, error_hints={
+grader = Grader("all_gather", forbid=COLLECTIVES, hang_hint=PAIRED_HANG_HINT,
+                error_hints={
     "doesn't match": "each message is one tensor of the list: receive into an entry",
     "must be a list": "tensor_list holds world size tensors: pass it on as it is"})
 
@@ -31,16 +32,21 @@ def _like_torch(ctx, shape, dtype):
 
 @grader.case("n = 7 float32 numbers per rank")
 def odd(ctx):
+    """Tensor_list holds every rank's tensor in rank order, bit for bit as dist.all_gather's,
+    this rank's own entry included."""
     _like_torch(ctx, (7,), torch.float32)
 
 
 @grader.case("a 2 x 3 int64 tensor per rank (entries keep shape and dtype)")
 def integers(ctx):
+    """The same for int64 matrices: the entries keep shape and dtype."""
     _like_torch(ctx, (2, 3), torch.int64)
 
 
 @grader.case("bytes sent per rank for n = 10000 float32 numbers")
 def bytes_sent(ctx):
+    """Each rank sends its tensor's worth p - 1 times at most (one tensor per message, no rank
+    gathering for everyone)."""
     n, p = 10000, ctx.world_size
     ctx.call(ctx.impl.all_gather, [torch.empty(n) for _ in range(p)],
              _input(ctx.rank, (n,), torch.float32))

@@ -5,9 +5,10 @@ import math
 import torch
 import torch.distributed as dist
 
-from dist_sgd.course.grade import COLLECTIVES, Grader, random_input
+from dist_sgd.course.grade import COLLECTIVES, PAIRED_HANG_HINT, Grader, random_input
 
-grader = Grader("broadcast", forbid=COLLECTIVES, error_hints={
+grader = Grader("broadcast", forbid=COLLECTIVES, hang_hint=PAIRED_HANG_HINT,
+                error_hints={
     "must be a rank": "src is a rank: pass it on as it is",
     "doesn't match": "every rank receives into its own tensor: the same size as src's"})
 
@@ -31,16 +32,21 @@ def _like_torch(ctx, shape, dtype, src):
 
 @grader.case("n = 1001 float32 numbers from src = p - 1")
 def last_root(ctx):
+    """Every rank's tensor, in place, equals dist.broadcast's from the last rank, bit for bit:
+    the tree starts at src, not at rank 0."""
     _like_torch(ctx, (1001,), torch.float32, ctx.world_size - 1)
 
 
 @grader.case("a 3 x 5 int64 tensor from src = 1 (src = 0 at p = 1)")
 def middle_root(ctx):
+    """The same for int64 from rank 1: the tensor keeps its shape and dtype."""
     _like_torch(ctx, (3, 5), torch.int64, 1 % ctx.world_size)
 
 
 @grader.case("bytes sent per rank for n = 10000 float32 numbers from src = 0")
 def bytes_sent(ctx):
+    """A tree: no rank sends more than ceil(log2 p) copies of the tensor, and all together send
+    p - 1 copies (each rank but src receives once)."""
     n, p = 10000, ctx.world_size
     ctx.call(ctx.impl.broadcast, _input(ctx.rank, (n,), torch.float32), 0)
     total = sum(ctx.everyone(ctx.sent_bytes))

@@ -103,6 +103,8 @@ def _expect(ctx, got, want, atol, rtol, hints=()):
 
 @grader.case("three steps in 2 KB buckets: torch DDP's gradients bit for bit")
 def torchs_buckets(ctx):
+    """Three steps in 2 KB buckets: the gradients when backward() returns equal torch DDP's bit
+    for bit (the same buckets, reduced in the same order)."""
     model = _model(ctx.rank, torch.float32)  # ranks start apart: both take rank 0's weights
     theirs = copy.deepcopy(model)
     want = _train(ctx, TorchDDP(theirs, bucket_cap_mb=CAP), theirs, 3, torch.float32)
@@ -115,6 +117,8 @@ def torchs_buckets(ctx):
 
 @grader.case("a layer no rank uses in one step: every bucket still sent, its gradient None")
 def unused_layer(ctx):
+    """When no rank uses a layer in a step, every bucket is still all-reduced and that layer's
+    gradient stays None, the others as one process's."""
     def use_extra(step):
         return step != 1  # step 1: nobody uses it, so its buckets complete only at the end
 
@@ -127,6 +131,8 @@ def unused_layer(ctx):
 
 @grader.case("with a communication hook (reduce): the hook's averages")
 def with_reduce(ctx):
+    """With a communication hook set (self.reduce), each bucket's average is the hook's
+    Future's value."""
     def reduce(bucket):  # the hook divides: the core copied the gradients unscaled
         return start_all_reduce(bucket.flat.div_(ctx.world_size))
 

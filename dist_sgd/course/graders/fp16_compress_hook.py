@@ -55,6 +55,8 @@ def _learners(ctx, seen=None):
 
 @grader.case("3 steps on torch's DDP: torch's fp16_compress_hook's gradients, bit for bit")
 def like_torch(ctx):
+    """As the hook of torch's DDP, three steps give the gradients torch's fp16_compress_hook
+    gives, bit for bit, in one bucket and in many."""
     for cap in (25, 0.0002):  # one bucket; then a bucket per layer or so
         expected = _train(torch_hooks.fp16_compress_hook, ctx.rank, cap)
         got = _train(_learners(ctx), ctx.rank, cap)
@@ -70,6 +72,7 @@ def like_torch(ctx):
 
 @grader.case("what the hook all-reduces: float16, half the bucket's bytes")
 def half_the_bytes(ctx):
+    """What the hook all-reduces is float16: half the bucket's bytes on the wire."""
     sent = []
     original = dist.all_reduce
 
@@ -99,6 +102,8 @@ def half_the_bytes(ctx):
 
 @grader.case("the hook's result: the averaged bucket in its own dtype and shape")
 def result_dtype(ctx):
+    """The Future the hook returns holds the averaged bucket in the bucket's own dtype and
+    shape."""
     seen = []
     _train(_learners(ctx, seen), ctx.rank, steps=1)
     dist.barrier()

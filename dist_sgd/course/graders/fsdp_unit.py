@@ -52,6 +52,8 @@ def _gradients(ctx, seed):
 
 @grader.case("gather: the full weight and bias from every rank's piece")
 def gather(ctx):
+    """After gather() and wait(), the unit's storages hold the full weight and bias, bit for
+    bit, the state is "gathered" and self.memory counts self.nbytes."""
     unit, shards, full, memory, _ = _unit(ctx)
     ctx.call(unit.gather)
     ctx.call(unit.wait)
@@ -69,6 +71,8 @@ def gather(ctx):
 
 @grader.case("gather in float16: the pieces cast before they are sent")
 def gather_half(ctx):
+    """With a float16 compute dtype, each piece is cast before it is sent and the gathered
+    parameters are the float16 full ones."""
     unit, shards, full, _, comm = _unit(ctx, torch.float16)
     ctx.call(unit.gather)
     ctx.call(unit.wait)
@@ -83,6 +87,8 @@ def gather_half(ctx):
 
 @grader.case("free: 0 bytes held; a tensor made before comes back with the next gather")
 def free(ctx):
+    """Free() gives every storage's bytes back (0 bytes, state "free", memory counted down),
+    and a tensor made on a storage before comes back with the next gather."""
     unit, shards, full, memory, _ = _unit(ctx)
     ctx.call(unit.gather)
     early = unit.tensor(0, shards[0].shape)  # as autograd holds a weight across the free
@@ -106,6 +112,8 @@ def free(ctx):
 
 @grader.case("reduce-scatter: each rank gets its piece of the mean gradient, then adds")
 def reduce_scatter(ctx):
+    """Each rank's shard .grad becomes its piece of the mean gradient over the ranks, and a
+    second backward's mean is added to it."""
     unit, shards, _, memory, _ = _unit(ctx)
     grads, means = _gradients(ctx, 100)
     more, more_means = _gradients(ctx, 200)
@@ -129,6 +137,8 @@ def reduce_scatter(ctx):
 
 @grader.case("no_sync: the full gradient kept, reduced with the next one")
 def no_sync(ctx):
+    """Under no_sync the full gradient is kept (nothing sent), and reduced together with the
+    next synchronized backward's."""
     unit, shards, _, _, comm = _unit(ctx)
     grads, means = _gradients(ctx, 300)
     more, more_means = _gradients(ctx, 400)
@@ -147,6 +157,8 @@ def no_sync(ctx):
 
 @grader.case("the collectives go through self.comm.start, where FSDP counts its bytes")
 def counted(ctx):
+    """Every collective goes through self.comm.start: one all-gather and one reduce-scatter per
+    shard, of the padded size, logged in order."""
     unit, shards, _, _, comm = _unit(ctx)
     ctx.call(unit.gather)
     ctx.call(unit.wait)

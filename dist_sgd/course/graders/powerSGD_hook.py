@@ -88,14 +88,18 @@ def _hints(step, error_feedback):
 
 @grader.case("rank 1 with error feedback and warm start: torch's gradients, 5 steps")
 def rank_1(ctx):
+    """Five steps (plain all-reduce first, then compressed) give torch's powerSGD_hook's
+    gradients and residuals, at matrix rank 1 with error feedback and warm start."""
     _against_torch(ctx, 1, error_feedback=True, warm_start=True)
 
 
 @grader.case("rank 2 with error feedback, no warm start: torch's gradients, 5 steps")
 def rank_2(ctx):
+    """The same at matrix rank 2 without warm start: a fresh Q every step."""
     _against_torch(ctx, 2, error_feedback=True, warm_start=False)
 
 
 @grader.case("rank 1 without error feedback: torch's gradients, 5 steps")
 def no_error_feedback(ctx):
+    """The same without error feedback: no residual kept."""
     _against_torch(ctx, 1, error_feedback=False, warm_start=True)

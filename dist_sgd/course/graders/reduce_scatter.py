@@ -4,9 +4,10 @@ unchanged, equal to torch's (SUM)."""
 import torch
 import torch.distributed as dist
 
-from dist_sgd.course.grade import COLLECTIVES, Grader
+from dist_sgd.course.grade import COLLECTIVES, PAIRED_HANG_HINT, Grader
 
-grader = Grader("reduce_scatter", forbid=COLLECTIVES, error_hints={
+grader = Grader("reduce_scatter", forbid=COLLECTIVES, hang_hint=PAIRED_HANG_HINT,
+                error_hints={
     "doesn't match": "each message is one entry of the list: receive into a buffer shaped "
                      "like output",
     "must be a list": "input_list holds world size tensors: pass it on as it is"})
@@ -36,16 +37,21 @@ def _like_torch(ctx, shape, dtype, atol):
 
 @grader.case("entries of n = 5 float64 numbers")
 def odd(ctx):
+    """Output equals dist.reduce_scatter's (the sum of every rank's input_list[r], within
+    1e-12), and input_list is left as it was."""
     _like_torch(ctx, (5,), torch.float64, 1e-12)
 
 
 @grader.case("2 x 3 int64 entries (exact sums, shape and dtype kept)")
 def integers(ctx):
+    """The same, exactly, for int64 matrices: shape and dtype kept."""
     _like_torch(ctx, (2, 3), torch.int64, 0)
 
 
 @grader.case("bytes sent per rank for entries of n = 10000 float32 numbers")
 def bytes_sent(ctx):
+    """Each entry (partly summed) travels once per step: p - 1 entries sent per rank at most,
+    never the whole list."""
     n, p = 10000, ctx.world_size
     ctx.call(ctx.impl.reduce_scatter, torch.empty(n), _inputs(ctx.rank, p, (n,), torch.float32))
     most = (p - 1) * n * 4

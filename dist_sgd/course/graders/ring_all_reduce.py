@@ -3,9 +3,10 @@ one chunk per message (about 2(p-1)/p of the tensor sent per rank), equal to tor
 import torch
 import torch.distributed as dist
 
-from dist_sgd.course.grade import COLLECTIVES, Grader, random_input
+from dist_sgd.course.grade import COLLECTIVES, PAIRED_HANG_HINT, Grader, random_input
 
-grader = Grader("ring_all_reduce", forbid=COLLECTIVES, error_hints={
+grader = Grader("ring_all_reduce", forbid=COLLECTIVES, hang_hint=PAIRED_HANG_HINT,
+                error_hints={
     "out of range": "x.tensor_split(p) always gives p chunks (torch.chunk may give fewer)",
     "must be contiguous": "send a chunk of x itself (a view), or .contiguous() a copy, then "
                           "copy the arrived values back into x",
@@ -30,21 +31,28 @@ def _sum_like_torch(ctx, n, dtype, atol):
 
 @grader.case("n = 10007 float32 numbers (p does not divide n)")
 def uneven(ctx):
+    """X in place equals dist.all_reduce's sum on the same inputs (within 1e-5), and every rank
+    ends with the same bytes, when the chunks differ in size."""
     _sum_like_torch(ctx, 10007, torch.float32, 1e-5)
 
 
 @grader.case("n = p + 1 float32 numbers (fewer than two per chunk)")
 def tiny(ctx):
+    """The same with one or two numbers per chunk: the chunk boundaries (tensor_split) hold at
+    the smallest sizes."""
     _sum_like_torch(ctx, ctx.world_size + 1, torch.float32, 1e-5)
 
 
 @grader.case("n = 1001 int64 numbers (the chunks keep x's dtype)")
 def integers(ctx):
+    """The same, exactly, for int64: the chunks and buffers keep x's dtype."""
     _sum_like_torch(ctx, 1001, torch.int64, 0)
 
 
 @grader.case("bytes sent per rank for n = 40000 float32 numbers")
 def bytes_sent(ctx):
+    """Each rank sends at most 2(p-1) chunks of ceil(n/p) numbers (the ring's bandwidth), and
+    sends something when p > 1."""
     n, p = 40000, ctx.world_size
     x = _input(ctx.rank, n, torch.float32)
     ctx.call(ctx.impl.ring_all_reduce, x)

@@ -4,9 +4,10 @@ for its receiver, so every rank sending first hangs: a failed check, after the t
 import torch
 import torch.distributed as dist
 
-from dist_sgd.course.grade import COLLECTIVES, Grader, random_input
+from dist_sgd.course.grade import BLOCKING_HANG_HINT, COLLECTIVES, Grader, random_input
 
-grader = Grader("ring_sum", forbid=COLLECTIVES, error_hints={
+grader = Grader("ring_sum", forbid=COLLECTIVES, hang_hint=BLOCKING_HANG_HINT,
+                error_hints={
     "doesn't match": "receive into a buffer the size of the tensor your left neighbour sends"})
 
 
@@ -28,9 +29,13 @@ def _sum_like_torch(ctx, shape, dtype, atol):
 
 @grader.case("a 3 x 5 float32 tensor: the sum against dist.all_reduce")
 def matrix(ctx):
+    """The returned tensor equals dist.all_reduce's sum of every rank's 3 x 5 tensor (within
+    1e-5), with no torch collective inside ring_sum."""
     _sum_like_torch(ctx, (3, 5), torch.float32, 1e-5)
 
 
 @grader.case("131072 int64 numbers (1 MiB a message: too big for any send to be buffered)")
 def big(ctx):
+    """The same, exactly, for 1 MiB messages, which gloo cannot buffer: a blocking send waits
+    for its receive, so the order of sends and receives must not deadlock."""
     _sum_like_torch(ctx, (1 << 17,), torch.int64, 0)
