@@ -73,8 +73,9 @@ class PipelineStage:
         self.submod, self.stage_index, self.num_stages = submodule, stage_index, num_stages
         self.device, self.group = torch.device(device), group
         self.ranks = dist.get_process_group_ranks(group) if group else list(range(size))
-        counts = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
-        all_gather(counts, torch.tensor([sum(1 for _ in submodule.parameters())]), group=group)
+        counts = [torch.zeros(1, dtype=torch.int64, device=self.device) for _ in range(size)]
+        mine = torch.tensor([sum(1 for _ in submodule.parameters())], device=self.device)
+        all_gather(counts, mine, group=group)
         empty = [s for s, c in enumerate(counts) if c.item() == 0]
         if empty:
             raise ValueError(f"pipeline stage {empty[0]} has no parameters: give every stage "
@@ -138,8 +139,8 @@ class _Schedule:
             code = 2
         elif s.is_last and target.shape[0] % self.m:
             code = 3
-        codes = [torch.zeros(1, dtype=torch.int64) for _ in range(s.num_stages)]
-        all_gather(codes, torch.tensor([code]), group=s.group)
+        codes = [torch.zeros(1, dtype=torch.int64, device=s.device) for _ in range(s.num_stages)]
+        all_gather(codes, torch.tensor([code], device=s.device), group=s.group)
         for st, c in enumerate(x.item() for x in codes):
             if c:
                 what = {1: "the first stage needs one input tensor: step(x)",
@@ -211,12 +212,14 @@ class _Schedule:
                 raise TypeError(f"stage {self.stage.stage_index}'s output: a {y.ndim}-d "
                                 f"{y.dtype} tensor cannot be sent (dtypes: {DTYPES}, <= 6-d)")
             head = [DTYPES.index(y.dtype), y.ndim, *y.shape]
-            works.append(self.stage.send(torch.tensor(head + [0] * (HEADER - len(head))), +1))
+            head = torch.tensor(head + [0] * (HEADER - len(head)), device=self.stage.device)
+            works.append(self.stage.send(head, +1))
         return works + [self.stage.send(y, +1)]
 
     def _recv_activation(self, first):
         if first:
-            head = self.stage.recv(torch.zeros(HEADER, dtype=torch.int64), -1).tolist()
+            head = torch.zeros(HEADER, dtype=torch.int64, device=self.stage.device)
+            head = self.stage.recv(head, -1).tolist()
             self.shape, self.dtype = head[2:2 + head[1]], DTYPES[head[0]]
         x = torch.empty(self.shape, dtype=self.dtype, device=self.stage.device)
         return self.stage.recv(x, -1).requires_grad_(x.is_floating_point())
