@@ -20,6 +20,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
 from dist_sgd.comm.collectives import all_reduce
 from dist_sgd.parallel import tensor as T
 from dist_sgd.plumbing.launch import launch
+from dist_sgd.scale.costmodel import parallel_bytes
 
 D, HEADS, HIDDEN, STEPS, LR = 8, 4, 12, 2, 0.1
 
@@ -258,6 +259,9 @@ def test_two_all_reduces_forward_two_backward_per_block(results):
         ops = sorted((op, pass_) for op, pass_, _ in r["log"])
         assert ops == [("f", "backward")] * 2 + [("g", "forward")] * 2, r["log"]
         assert all(nbytes == 4 * 5 * D * 8 for *_, nbytes in r["log"]), r["log"]
+        # what the ring sends of them, per rank, is the cost model's figure for one block
+        sent = sum(2 * (p - 1) / p * nbytes for *_, nbytes in r["log"])
+        assert sent == parallel_bytes("tensor", 0, 1, 4 * 5 * D, p, elem=8)
 
 
 def test_sizes_that_do_not_divide_are_refused(results):
