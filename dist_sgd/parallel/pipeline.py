@@ -90,7 +90,6 @@ class PipelineStage:
         return t
 
 
-# ---- exercise one_f_one_b: the order of a stage's work in 1F1B -------------------------------
 def gpipe(stage_index, num_stages, n_microbatches):
     """GPipe: every forward, then every backward, in micro-batch order."""
     return [("F", i) for i in range(n_microbatches)] + [("B", i) for i in range(n_microbatches)]
@@ -102,22 +101,26 @@ def one_f_one_b(stage_index, num_stages, n_microbatches):
 
     Stage s holds at most p - s micro-batches: a backward frees one as each forward adds one.
     """
+    # ---- exercise one_f_one_b: the warm-up forwards, then forward-backward pairs, then the rest
     warmup = min(num_stages - 1 - stage_index, n_microbatches)
     order = [("F", i) for i in range(warmup)]
     for i in range(n_microbatches - warmup):
         order += [("F", warmup + i), ("B", i)]
     return order + [("B", i) for i in range(n_microbatches - warmup, n_microbatches)]
+    # ---- end of exercise
 
 
 def last_stage_loss(loss_fn, output, target, n_microbatches):
     """The loss the last stage runs backward from, for one micro-batch. The schedule divides
     the gradients by n_microbatches once, at the end of the step (scale_grads)."""
+    # ---- exercise one_f_one_b: the loss whose backward gives this micro-batch's share
     return loss_fn(output, target)
-# ---- end of exercise
+    # ---- end of exercise
 
 
 class _Schedule:
     order = staticmethod(gpipe)
+    loss = staticmethod(lambda *args: last_stage_loss(*args))  # looked up at each call
 
     def __init__(self, stage, n_microbatches, loss_fn=None, scale_grads=True):
         if not isinstance(n_microbatches, int) or n_microbatches < 1:
@@ -172,7 +175,7 @@ class _Schedule:
                 with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                     y = s.submod(x)
                 if s.is_last:
-                    loss = last_stage_loss(self.loss_fn, y, ys[i], self.m)
+                    loss = self.loss(self.loss_fn, y, ys[i], self.m)
                     outs.append(y.detach())
                     if losses is not None:
                         losses.append(loss.detach())

@@ -29,15 +29,12 @@ __all__ = ["CopyToParallel", "ReduceFromParallel", "GatherFromParallel", "Scatte
            "ColumnParallelLinear", "RowParallelLinear"]
 
 
-def _reduce(x, group, log, op, pass_):
-    x = x.contiguous().clone()  # autograd's tensors stay as they are
-    all_reduce(x, group=group)
+def _log(log, x, op, pass_):
+    """One all-reduce of x, noted in `log` (a list, or None: not counted)."""
     if log is not None:
         log.append({"op": op, "pass": pass_, "bytes": x.numel() * x.element_size()})
-    return x
 
 
-# ---- exercise tp_operators: Megatron's f and g -------------------------------------------------
 class CopyToParallel(torch.autograd.Function):
     """f: every rank gets x as it is; in backward each rank holds the gradient of its own
     slice's contribution only, so the gradients are summed over the ranks."""
@@ -45,11 +42,18 @@ class CopyToParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group=None, log=None):
         ctx.group, ctx.log = group, log
+        # ---- exercise tp_operators: f's forward (x on every rank as it is)
         return x.view_as(x)
+        # ---- end of exercise
 
     @staticmethod
     def backward(ctx, grad):
-        return _reduce(grad, ctx.group, ctx.log, "f", "backward"), None, None
+        # ---- exercise tp_operators: f's backward (the gradients of every rank's slice summed)
+        grad = grad.contiguous().clone()  # autograd's own tensor stays as it is
+        all_reduce(grad, group=ctx.group)
+        _log(ctx.log, grad, "f", "backward")
+        return grad, None, None
+        # ---- end of exercise
 
 
 class ReduceFromParallel(torch.autograd.Function):
@@ -58,12 +62,18 @@ class ReduceFromParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group=None, log=None):
-        return _reduce(x, group, log, "g", "forward")
+        # ---- exercise tp_operators: g's forward (the ranks' partial sums added up)
+        x = x.contiguous().clone()  # x stays as it is: autograd may need it
+        all_reduce(x, group=group)
+        _log(log, x, "g", "forward")
+        return x
+        # ---- end of exercise
 
     @staticmethod
     def backward(ctx, grad):
+        # ---- exercise tp_operators: g's backward (each term of a sum gets the gradient as is)
         return grad, None, None
-# ---- end of exercise
+        # ---- end of exercise
 
 
 class GatherFromParallel(torch.autograd.Function):
@@ -103,7 +113,6 @@ def _share(n, what, size):
     return n // size
 
 
-# ---- exercise parallel_linear: a linear layer split by columns, then by rows ---------------------
 class ColumnParallelLinear(nn.Module):
     """y = x W^T + b with W's rows (the outputs) split: rank r holds out_features / p of them
     and computes its slice of y with no message. gather_output=True all-gathers the slices
@@ -119,17 +128,21 @@ class ColumnParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(local, dtype=dtype)) if bias else None
 
     def forward(self, x):
+        # ---- exercise parallel_linear: f, this rank's slice of y, gathered if gather_output
         y = F.linear(CopyToParallel.apply(x, self.group, self.log), self.weight, self.bias)
         return GatherFromParallel.apply(y, self.group) if self.gather_output else y
+        # ---- end of exercise
 
     @classmethod
     def from_linear(cls, linear, gather_output=True, group=None, log=None):
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
                     gather_output, group, log, linear.weight.dtype)
         with torch.no_grad():
+            # ---- exercise parallel_linear: this rank's rows of the weight and of the bias
             layer.weight.copy_(linear.weight.chunk(layer.size, dim=0)[layer.rank])
             if linear.bias is not None:
                 layer.bias.copy_(linear.bias.chunk(layer.size)[layer.rank])
+            # ---- end of exercise
         return layer
 
 
@@ -148,21 +161,24 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
 
     def forward(self, x):
+        # ---- exercise parallel_linear: x's slice unless input_is_parallel, partial sums, g, bias
         if not self.input_is_parallel:
             x = ScatterToParallel.apply(x, self.group)
         y = ReduceFromParallel.apply(F.linear(x, self.weight), self.group, self.log)
         return y if self.bias is None else y + self.bias
+        # ---- end of exercise
 
     @classmethod
     def from_linear(cls, linear, input_is_parallel=False, group=None, log=None):
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
                     input_is_parallel, group, log, linear.weight.dtype)
         with torch.no_grad():
+            # ---- exercise parallel_linear: this rank's columns of the weight; the whole bias
             layer.weight.copy_(linear.weight.chunk(layer.size, dim=1)[layer.rank])
             if linear.bias is not None:
                 layer.bias.copy_(linear.bias)
+            # ---- end of exercise
         return layer
-# ---- end of exercise
 
 
 # DIST_SGD_MINE: a learner's version replaces this one
