@@ -37,7 +37,8 @@ Exercises:
      how many bytes does each all-reduce carry, and how many does data parallelism send per
      step for the block's 12 x 4096^2 parameters?
   3. Write f and g, then the two parallel linears, checked against one process:
-     python3 -m dist_sgd.course start tp_operators; ... start parallel_linear
+     python3 -m dist_sgd.course start tp_operators
+     python3 -m dist_sgd.course start parallel_linear
 """
 import torch
 import torch.distributed as dist
