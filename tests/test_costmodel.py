@@ -476,6 +476,8 @@ def test_bytes_per_strategy_follow_their_formulas():
     params, layers, act = 12 * 64 ** 2, 6, 8 * 16 * 64
     assert costmodel.parallel_bytes("data", params, layers, act, 4) == 4 * 1.5 * params
     assert costmodel.parallel_bytes("tensor", params, layers, act, 2, elem=8) == 8 * 4 * 6 * act
+    assert costmodel.parallel_bytes("tensor", params, layers, act, 2, allreduces=2) == \
+        4 * 2 * 6 * act  # an MLP block alone: f and g
     assert costmodel.parallel_bytes("pipeline", params, layers, act, 3) == 4 * 2 * act
     assert all(costmodel.parallel_bytes(s, params, layers, act, 1) == 0
                for s in costmodel.STRATEGIES)

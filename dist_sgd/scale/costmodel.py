@@ -371,13 +371,14 @@ def human_bytes(n):
 STRATEGIES = ("data", "tensor", "pipeline")
 
 
-def parallel_bytes(strategy, params, layers, activation, world_size, elem=4):
+def parallel_bytes(strategy, params, layers, activation, world_size, elem=4, allreduces=4):
     """Bytes one rank sends per training step, for a model of `layers` blocks holding `params`
     parameters in all, whose activations between two blocks have `activation` elements for
     the whole batch (batch x sequence x width), each `elem` bytes, split `world_size` ways:
 
         data       a ring all-reduce of the gradients:           2(p-1)/p x params
-        tensor     2 all-reduces forward, 2 backward per block:  4 x layers x 2(p-1)/p x act
+        tensor     `allreduces` per block (attention + MLP: 2 forward, 2 backward; an MLP
+                   alone: 1 and 1):                      allreduces x layers x 2(p-1)/p x act
         pipeline   a stage's output forward, its input's gradient back (stages in between;
                    the first and last send one of the two):      2 x act (at most)
 
@@ -392,7 +393,7 @@ def parallel_bytes(strategy, params, layers, activation, world_size, elem=4):
     if p == 1:
         return 0.0
     ring = 2 * (p - 1) / p
-    return elem * {"data": ring * params, "tensor": 4 * layers * ring * activation,
+    return elem * {"data": ring * params, "tensor": allreduces * layers * ring * activation,
                    "pipeline": 2 * activation}[strategy]
 
 
