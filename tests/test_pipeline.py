@@ -23,11 +23,38 @@ SCHEDULES = [("naive", "ScheduleGPipe", 1), ("GPipe", "ScheduleGPipe", 4),
              ("1F1B", "Schedule1F1B", 4), ("1F1B m=6", "Schedule1F1B", 6)]
 
 
-def make():
+def make(frozen=False):
     torch.manual_seed(0)
     layers = [nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(),
               nn.Linear(8, 3)]
+    if frozen:  # a frozen weight inside the second stage: its .grad stays None
+        layers[4].weight.requires_grad_(False)
     return nn.Sequential(*layers).double()
+
+
+def awkward(rank, p):
+    """A frozen weight (1F1B at p stages), and one stage alone on a group of one rank (first
+    and last at once): gradients against one process."""
+    one = make()
+    x, y = data(0)
+    F.mse_loss(one(x), y).backward()
+    mod = P.split_stages(make(frozen=True), p)[rank]
+    sched = P.Schedule1F1B(P.PipelineStage(mod, rank, p, "cpu"), p + 1, F.mse_loss)
+    sched.step(*((x[:p + 1],) if rank == 0 else ()), **({"target": y[:p + 1]} if rank == p - 1
+                                                        else {}))
+    ref = make(frozen=True)
+    F.mse_loss(ref(x[:p + 1]), y[:p + 1]).backward()
+    pairs = list(zip(mod.parameters(), P.split_stages(ref, p)[rank].parameters()))
+    out = {"frozen": max([0.0] + [(a.grad - b.grad).abs().max().item() for a, b in pairs
+                                  if b.grad is not None]),
+           "frozen_none": all((a.grad is None) == (b.grad is None) for a, b in pairs)}
+    alone = [dist.new_group([r]) for r in range(p)][rank]  # every rank makes every group
+    solo = make()
+    sched = P.ScheduleGPipe(P.PipelineStage(solo, 0, 1, "cpu", group=alone), 3, F.mse_loss)
+    sched.step(x, target=y)
+    out["one_stage"] = max((a.grad - b.grad).abs().max().item()
+                           for a, b in zip(solo.parameters(), one.parameters()))
+    return out
 
 
 def data(step, n=BATCH):
@@ -125,6 +152,7 @@ def run(rank, p):
             else:
                 res[(who, name)]["none"] = all(s[0] is None and s[1] == [] for s in seen)
     res["refusals"] = refusals(rank, p)
+    res["awkward"] = awkward(rank, p)
     if p == 4:  # 2 x 2: pipelines {0, 1}, {2, 3}; data parallel across {0, 2}, {1, 3}
         pp = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
         dp = [dist.new_group([0, 2]), dist.new_group([1, 3])][rank % 2]
@@ -243,3 +271,12 @@ def test_two_by_two_mesh_equals_one_process(results):
         pytest.skip("the mesh runs at world size 4")
     for rank, r in enumerate(res):
         assert r["mesh"]["grads"] <= 1e-12 and r["mesh"]["weights"] <= 1e-12, (rank, r["mesh"])
+
+
+def test_frozen_weight_and_a_stage_alone_on_its_own_group(results):
+    """A frozen weight keeps .grad None and the others equal one process; a single-stage
+    pipeline (first and last at once, group= of one rank) equals one process."""
+    p, res = results
+    for rank, r in enumerate(res):
+        a = r["awkward"]
+        assert a["frozen"] <= 1e-12 and a["frozen_none"] and a["one_stage"] <= 1e-12, (rank, a)
