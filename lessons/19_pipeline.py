@@ -22,9 +22,12 @@ backward, divided by m once at the end (torch's scale_grads).
 Our PipelineStage, ScheduleGPipe and Schedule1F1B take torch.distributed.pipelining's
 arguments, so `train()` below runs both unchanged; on CPU with gloo torch's runs too.
 
-Honest expectations: at p = 2 each rank has a core of its own and the bubble is measured
-close to the formula. At p = 3-4 ranks share 2 cores: a waiting stage frees its core for
-another, so compute stretches and the idle share comes out off the formula.
+Honest expectations: at p = 2 each rank has a core of its own and, on a quiet machine, the
+bubble is measured close to the formula. At p = 3-4 ranks share 2 cores: a waiting stage
+frees its core for another, so compute stretches and the idle share comes out off the
+formula. On a busy machine every wait for a message also costs a wake-up by the scheduler
+(milliseconds when the cores are taken): the more micro-batches, the more waits, and the
+measured bubble grows with m where the formula shrinks.
 
 Run:
     python lessons/19_pipeline.py                   # 2 stages
@@ -127,7 +130,7 @@ def timed(rank, p, schedule, m, width, steps):
 
 
 def run(rank, world_size, args):
-    p, width = world_size, 128 if args.quick else 512
+    p, width = world_size, 128 if args.quick else 1024
     out = {"checks": checks(rank, p, 8, 4 if p < 4 else p), "bubble": {}, "held": {}}
     for m in (1, 4, 8):
         out["bubble"][m] = timed(rank, p, "ScheduleGPipe", m, width, 4)[0][1:]  # 1st: warm-up
