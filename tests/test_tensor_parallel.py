@@ -1,6 +1,6 @@
 """dist_sgd.parallel.tensor against one process and torch's parallelize_module (DTensor), float64.
 
-One launch() per world size (1, 2, 4) runs every case inside the ranks: f and g alone (their
+One launch() per world size (1-4) runs every case inside the ranks: f and g alone (their
 forward and backward against what they promise), ColumnParallelLinear and RowParallelLinear
 with gather_output / input_is_parallel both ways, an attention + MLP block split Megatron's
 way for two SGD steps (outputs, gradients, weights) against one process and against torch's
@@ -22,7 +22,7 @@ from dist_sgd.parallel import tensor as T
 from dist_sgd.plumbing.launch import launch
 from dist_sgd.scale.costmodel import parallel_bytes
 
-D, HEADS, HIDDEN, STEPS, LR = 8, 4, 12, 2, 0.1
+D, HEADS, HIDDEN, STEPS, LR = 24, 12, 36, 2, 0.1  # every size divides by 2, 3 and 4
 
 
 class Block(nn.Module):
@@ -217,7 +217,7 @@ def mesh2x2(rank, xs, seen_one):
                                                   local(one, 2, rank % 2))}
 
 
-@pytest.fixture(scope="module", params=[1, 2, 4])
+@pytest.fixture(scope="module", params=[1, 2, 3, 4])
 def results(request):
     return request.param, launch(run, request.param)
 
