@@ -54,6 +54,7 @@ from dist_sgd.parallel.tensor import (ColumnParallelLinear, CopyToParallel, Redu
 from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.launch import launch, lesson_parser
 from dist_sgd.plumbing.rank import log
+from dist_sgd.scale.costmodel import STRATEGIES, parallel_bytes
 
 STEPS, LR = 3, 0.1
 
@@ -116,10 +117,9 @@ def train(model, xs, after_backward=lambda: None):
     opt, outs = torch.optim.SGD(model.parameters(), lr=LR), []
     for x in xs:
         opt.zero_grad()
-        out = model(x.clone().requires_grad_())  # as from an earlier layer: f's backward runs
-        out.square().mean().backward()
+        outs.append(model(x.clone().requires_grad_()))  # as from an earlier layer: f's too
+        outs[-1].square().mean().backward()
         after_backward()
-        outs.append(out.detach())
         opt.step()
     return outs
 
@@ -147,9 +147,9 @@ def run(rank, p, args):
     ours = ParallelBlock(Block(d, heads), log=calls)
     out["block: outputs at every step vs one process"] = max_diff(train(ours, xs), train(one, xs))
     out[f"block: weights after {STEPS} steps vs one process"] = max_diff(ours.full(), one)
-    torch_tp = parallelize_module(Block(d, heads), init_device_mesh("cpu", (p,)), {
-        "q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(),
-        "o": RowwiseParallel(), "fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    plan = {n: ColwiseParallel() for n in ("q", "k", "v", "fc1")} | {"o": RowwiseParallel(),
+                                                                      "fc2": RowwiseParallel()}
+    torch_tp = parallelize_module(Block(d, heads), init_device_mesh("cpu", (p,)), plan)
     train(torch_tp, xs)
     out[f"block: weights after {STEPS} steps vs torch's parallelize_module"] = max_diff(
         ours.full(), [t.full_tensor() for t in torch_tp.parameters()])
@@ -166,22 +166,23 @@ def run(rank, p, args):
             for q in model.parameters():
                 all_reduce(q.grad, group=dp)
                 q.grad /= 2
-        half = slice(n // 2 * (rank // 2), n // 2 * (rank // 2 + 1))
-        train(model, [x[half] for x in xs], average)
+        train(model, [x[n // 2 * (rank // 2):][:n // 2] for x in xs], average)  # its half
         out[f"2 x 2 mesh: weights after {STEPS} steps vs one process"] = max_diff(
             model.full(tp), one)
-    calls = calls[:len(calls) // STEPS]  # one step's
-    return out, [(c["op"], c["pass"], c["bytes"]) for c in calls], n * 16 * d * 8
+    one_step = [(c["op"], c["pass"], c["bytes"]) for c in calls[:len(calls) // STEPS]]
+    return out, one_step, n * 16 * d * 8, sum(q.numel() for q in one.parameters())
 
 
 def report(p, results):
     for name in results[0][0]:
         log(check(name, max(r[0][name] for r in results), 1e-12))
-    calls, size = results[0][1], results[0][2]
+    _, calls, size, params = results[0]
     for pass_ in ("forward", "backward"):
         mine = [c for c in calls if c[1] == pass_]
         log(f"all-reduces per block, {pass_}: {len(mine)} ({', '.join(c[0] for c in mine)}), "
             f"{mine[0][2]:,} bytes each = batch x sequence x width x 8 = {size:,}")
+    log(f"bytes each rank sends per step for this block ({params:,} parameters), on paper: " +
+        ", ".join(f"{s} {parallel_bytes(s, params, 1, size // 8, p, 8):,.0f}" for s in STRATEGIES))
 
 
 def main():
