@@ -40,6 +40,8 @@ Exercises:
      python3 -m dist_sgd.course start tp_operators
      python3 -m dist_sgd.course start parallel_linear
 """
+import os
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -53,7 +55,7 @@ from dist_sgd.parallel.tensor import (ColumnParallelLinear, CopyToParallel, Redu
                                       RowParallelLinear)
 from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.launch import launch, lesson_parser
-from dist_sgd.plumbing.rank import log
+from dist_sgd.plumbing.rank import log, under_torchrun
 from dist_sgd.scale.costmodel import STRATEGIES, parallel_bytes
 
 STEPS, LR = 3, 0.1
@@ -127,8 +129,7 @@ def train(model, xs, after_backward=lambda: None):
 def by_hand(rank, p, x):  # the MLP, A's columns and B's rows sliced by hand, joined by f and g
     torch.manual_seed(1)
     a, b = torch.randn(8, 4 * p, dtype=torch.float64), torch.randn(4 * p, 8, dtype=torch.float64)
-    mine = [a.chunk(p, 1)[rank].clone().requires_grad_(),
-            b.chunk(p, 0)[rank].clone().requires_grad_()]
+    mine = [t.chunk(p, k)[rank].clone().requires_grad_() for t, k in ((a, 1), (b, 0))]
     y = ReduceFromParallel.apply(F.gelu(CopyToParallel.apply(x, None) @ mine[0]) @ mine[1])
     y.sum().backward()
     (F.gelu(x @ a.requires_grad_()) @ b.requires_grad_()).sum().backward()
@@ -143,8 +144,7 @@ def run(rank, p, args):
     g = torch.Generator().manual_seed(0)
     xs = [torch.randn(n, 16, d, generator=g, dtype=torch.float64) for _ in range(STEPS)]
     out = by_hand(rank, p, xs[0][0, :, :8])
-    one, calls = Block(d, heads), []
-    ours = ParallelBlock(Block(d, heads), log=calls)
+    one, ours = Block(d, heads), ParallelBlock(Block(d, heads), log=(calls := []))
     out["block: outputs at every step vs one process"] = max_diff(train(ours, xs), train(one, xs))
     out[f"block: weights after {STEPS} steps vs one process"] = max_diff(ours.full(), one)
     plan = {n: ColwiseParallel() for n in ("q", "k", "v", "fc1")} | {"o": RowwiseParallel(),
@@ -188,6 +188,7 @@ def report(p, results):
 def main():
     args = lesson_parser(__doc__, world_size=[2, 4]).parse_args()
     sizes = [2] if args.quick and args.world_size == [2, 4] else args.world_size
+    sizes = [int(os.environ["WORLD_SIZE"])] if under_torchrun() else sizes  # its group, made
     for ws in sizes:
         log(f"\n=== {ws} tensor-parallel ranks" + (" (and 2 x 2)" if ws == 4 else "") + " ===")
         results = launch(run, ws, args, backend=args.backend)
