@@ -29,7 +29,7 @@ from dist_sgd.bench import nodes
 from dist_sgd.bench.common import measured_as_root
 from dist_sgd.plumbing.figures import machine_facts, write_csv
 from dist_sgd.plumbing.timing import summarize, time_alternating
-from dist_sgd.scale import cluster, costmodel
+from dist_sgd.scale import costmodel
 
 NAME = "modelpar"
 RATE = "1gbit"
