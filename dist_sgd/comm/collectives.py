@@ -182,7 +182,7 @@ def _same_everywhere(what, tensor, group=None):
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     table = torch.zeros(size, 2, dtype=torch.int64, device=tensor.device)
     table[rank, 0], table[rank, 1] = tensor.numel(), zlib.crc32(str(tensor.dtype).encode())
-    ring_all_gather(Link("check", group=group), list(table))  # rows of a contiguous table: contiguous
+    ring_all_gather(Link("check", group=group), list(table))  # a contiguous table's rows
     if (table != table[0]).any():
         seen = ", ".join(f"rank {r}: {n} elements" for r, n in enumerate(table[:, 0].tolist()))
         raise ValueError(f"{what}: every rank must pass a tensor with as many elements of the "
