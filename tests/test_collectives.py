@@ -615,6 +615,14 @@ def check_subgroups(rec, rank, size):
         C.reduce_scatter(got, inputs, group=g)
         rec.same("subgroups", f"{members} reduce_scatter", got, ref, False, digest=False)
         C.barrier(group=g)
+        if n > 1:  # the debug switch's size check runs on the group's members only
+            os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+            try:
+                C.all_reduce(torch.ones(3 + (rank == members[0])), group=g)
+            except ValueError as e:
+                out["errors"].append(str(e))
+            finally:
+                del os.environ["TORCH_DISTRIBUTED_DEBUG"]
         outside = [r for r in range(size) if r not in members]
         try:
             C.broadcast(torch.ones(1), src=(outside or [size])[0], group=g)
@@ -634,8 +642,12 @@ def test_collectives_on_subgroups_match_torch(results):
         expected = sum(per_group(m) - (len(m) - 1) for m in groups)  # gather: its root only
         passed([r], "subgroups", expected)
         assert r["subgroups"]["untouched"], f"rank {rank}: a non-member's tensor changed"
-        assert len(r["subgroups"]["errors"]) == len(groups), r["subgroups"]["errors"]
-        assert all("must be a global rank in the group" in e for e in r["subgroups"]["errors"])
+        errors = r["subgroups"]["errors"]
+        shared = [m for m in groups if len(m) > 1]
+        assert len(errors) == len(groups) + len(shared), errors
+        assert sum("must be a global rank in the group" in e for e in errors) == len(groups)
+        assert sum("every rank must pass a tensor with as many elements" in e and
+                   "rank 0: 4 elements, rank 1: 3" in e for e in errors) == len(shared), errors
 
 
 # ---- bad input ---------------------------------------------------------------------------
