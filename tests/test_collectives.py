@@ -549,6 +549,112 @@ def test_barrier_waits_for_everyone(results):
     assert all(r["barrier"][1] >= last_in for r in res), [r["barrier"] for r in res]
 
 
+# ---- subgroups (group=, as dist.new_group makes them) ------------------------------------
+
+def subgroups(size):
+    """Member lists every rank creates, in one order (new_group is collective): a strided pair
+    (ranks 0, 2 at world size 4, data parallel's axis in a 2 x 2 mesh), the last ranks, and
+    everyone but rank 0."""
+    lists = {2: [[1], [0, 1]], 3: [[0, 2], [1, 2], [1]], 4: [[0, 2], [1, 3], [1, 2, 3], [2, 3]]}
+    return lists.get(size, [])
+
+
+@part("subgroups")
+def check_subgroups(rec, rank, size):
+    """Every collective on each subgroup against torch's on the same group; ranks outside it
+    return at once with their tensors untouched; a root outside the group is a ValueError."""
+    out = {"untouched": True, "errors": []}
+    for k, members in enumerate(subgroups(size)):
+        g = dist.new_group(members)
+        if rank not in members:
+            x = torch.ones(3)
+            C.all_reduce(x, group=g)
+            C.broadcast(x, src=members[0], group=g)
+            C.all_gather([torch.zeros(3) for _ in members], x, group=g)
+            out["untouched"] &= bool((x == 1).all())
+            continue
+        n = len(members)
+        for alg in C.ALL_REDUCE_ALGORITHMS:
+            for op_name in ("sum", "max"):
+                ours = values((7,), torch.float64, op_name, 100 * k + rank)
+                ref = ours.clone()
+                dist.all_reduce(ref, op=OPS[op_name], group=g)
+                C.all_reduce(ours, op=OPS[op_name], group=g, algorithm=alg)
+                rec.same("subgroups", f"{members} all_reduce {alg} {op_name}", ours, ref,
+                         op_name == "max", digest=False)
+        for root in members:
+            ours = values((5,), torch.float32, "sum", 7 * k + rank)
+            ref = ours.clone()
+            dist.broadcast(ref, src=root, group=g)
+            C.broadcast(ours, src=root, group=g)
+            rec.same("subgroups", f"{members} broadcast {root}", ours, ref, True, digest=False)
+            ours = values((5,), torch.int64, "sum", 9 * k + rank)
+            ref = ours.clone()
+            mine = ours.clone()
+            dist.reduce(ref, dst=root, group=g)
+            C.reduce(ours, dst=root, group=g)
+            ref = ref if rank == root else mine  # gloo leaves partial sums on the others
+            rec.same("subgroups", f"{members} reduce {root}", ours, ref, True, digest=False)
+            mine, is_root = torch.full((2,), float(rank)), rank == root
+            got, ref = ([torch.zeros(2) for _ in members] if is_root else None for _ in "ab")
+            dist.gather(mine, ref, dst=root, group=g)
+            C.gather(mine, got, dst=root, group=g)
+            if is_root:
+                rec.same("subgroups", f"{members} gather {root}", torch.stack(got),
+                         torch.stack(ref), True, digest=False)
+            pieces = [torch.full((2,), 10.0 * i + root) for i in range(n)] if is_root else None
+            got, ref = torch.zeros(2), torch.zeros(2)
+            dist.scatter(ref, pieces, src=root, group=g)
+            C.scatter(got, pieces, src=root, group=g)
+            rec.same("subgroups", f"{members} scatter {root}", got, ref, True, digest=False)
+        mine = values((3,), torch.float64, "sum", 11 * k + rank)
+        got, ref = [torch.zeros(3, dtype=torch.float64) for _ in members], \
+            [torch.zeros(3, dtype=torch.float64) for _ in members]
+        dist.all_gather(ref, mine, group=g)
+        C.all_gather(got, mine, group=g)
+        rec.same("subgroups", f"{members} all_gather", torch.stack(got), torch.stack(ref),
+                 True, digest=False)
+        inputs = [values((4,), torch.float64, "sum", 13 * k + 5 * rank + i) for i in range(n)]
+        got, ref = torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64)
+        dist.reduce_scatter(ref, list(inputs), group=g)
+        C.reduce_scatter(got, inputs, group=g)
+        rec.same("subgroups", f"{members} reduce_scatter", got, ref, False, digest=False)
+        C.barrier(group=g)
+        if n > 1:  # the debug switch's size check runs on the group's members only
+            os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+            try:
+                C.all_reduce(torch.ones(3 + (rank == members[0])), group=g)
+            except ValueError as e:
+                out["errors"].append(str(e))
+            finally:
+                del os.environ["TORCH_DISTRIBUTED_DEBUG"]
+        outside = [r for r in range(size) if r not in members]
+        try:
+            C.broadcast(torch.ones(1), src=(outside or [size])[0], group=g)
+        except ValueError as e:
+            out["errors"].append(str(e))
+    return out
+
+
+def test_collectives_on_subgroups_match_torch(results):
+    """Each subgroup's collectives equal torch's on that group; non-members are untouched."""
+    size, res = results
+    if size == 1:
+        pytest.skip("a subgroup needs two ranks or more")
+    for rank, r in enumerate(res):
+        groups = [m for m in subgroups(size) if rank in m]
+        per_group = lambda m: 2 * len(C.ALL_REDUCE_ALGORITHMS) + 4 * len(m) + 2  # noqa: E731
+        expected = sum(per_group(m) - (len(m) - 1) for m in groups)  # gather: its root only
+        passed([r], "subgroups", expected)
+        assert r["subgroups"]["untouched"], f"rank {rank}: a non-member's tensor changed"
+        errors = r["subgroups"]["errors"]
+        shared = [m for m in groups if len(m) > 1]
+        assert len(errors) == len(groups) + len(shared), errors
+        assert sum("must be a global rank in the group" in e for e in errors) == len(groups)
+        assert sum("every rank must pass a tensor with as many elements" in e and
+                   "rank 0: 4 elements, rank 1: 3" in e for e in errors) == len(shared), errors
+
+
 # ---- bad input ---------------------------------------------------------------------------
 
 @part("errors")

@@ -468,3 +468,20 @@ def test_human_bytes():
 def test_bad_input_gives_clear_errors(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_bytes_per_strategy_follow_their_formulas():
+    """Data parallel: the ring's 2(p-1)/p of the gradients; tensor parallel: four all-reduces
+    of the activations per block; pipeline: an activation and its gradient; nothing at p = 1."""
+    params, layers, act = 12 * 64 ** 2, 6, 8 * 16 * 64
+    assert costmodel.parallel_bytes("data", params, layers, act, 4) == 4 * 1.5 * params
+    assert costmodel.parallel_bytes("tensor", params, layers, act, 2, elem=8) == 8 * 4 * 6 * act
+    assert costmodel.parallel_bytes("tensor", params, layers, act, 2, allreduces=2) == \
+        4 * 2 * 6 * act  # an MLP block alone: f and g
+    assert costmodel.parallel_bytes("pipeline", params, layers, act, 3) == 4 * 2 * act
+    assert all(costmodel.parallel_bytes(s, params, layers, act, 1) == 0
+               for s in costmodel.STRATEGIES)
+    assert costmodel.parallel_state_bytes("data", params, 4) == 16 * params
+    assert costmodel.parallel_state_bytes("tensor", params, 4) == 4 * params
+    with pytest.raises(ValueError, match="strategy must be one of data, tensor, pipeline"):
+        costmodel.parallel_bytes("expert", params, layers, act, 2)

@@ -60,6 +60,8 @@ MIN_CHECKS = {
     "15": 2,  # sync PS vs all-reduce SGD, local SGD H=1 vs all-reduce SGD
     "16": 8,  # by hand: gather, reduce-scatter; ZeRO-3, ZeRO-2, ours, DDP, torch's vs one process
     "17": 1,  # final weights after a node lost and back (2 -> 1 -> 2 nodes) vs uninterrupted
+    "19": 9,  # naive, GPipe, 1F1B x (gradients, weights vs one process; weights vs torch's)
+    "20": 5,  # by hand: output, gradients; the block: outputs, weights vs one process, torch's
 }
 # Other numbers a lesson promises, per lesson number: (regex with one number group, op, bound).
 BOUNDS = {
@@ -79,6 +81,10 @@ BOUNDS = {
            (r"\n(?:DDP|ZeRO-\d) [^\n]* ([0-9.]+)x\n", ">=", 0.995),
            (r"\n(?:DDP|ZeRO-\d) [^\n]* ([0-9.]+)x\n", "<", 1.005)],
     "17": [(r"(-?\d+) steps repeated", ">=", 0)],  # since the last checkpoint: never negative
+    # activations held at the peak, counted: GPipe all 8 micro-batches, 1F1B at most p = 2
+    "19": [(r"GPipe (\d+) \(", "==", 8), (r"1F1B (\d+) \(\d+ KiB\), at most p", "<=", 2)],
+    "20": [(r"all-reduces per block, forward: (\d+)", "==", 2),  # counted, per step
+           (r"all-reduces per block, backward: (\d+)", "==", 2)],
 }
 # Lessons also run at an odd world size: chunks and shards that do not split evenly.
 ODD_WORLD_SIZE = ("07", "16")  # the DDP core, FSDP (the library pieces of 03, 04, 06 and 13

@@ -343,3 +343,25 @@ def test_netscale_runs_inside_two_nodes_and_leaves_nothing_behind(capsys):
     fastest = (MiB - cluster.SCALING_BURST) / cluster.link_goodput(100e6)
     assert all(r["seconds"] > 0.9 * fastest for r in big), big
     assert not [n for n in netns.ours() if str(os.getpid()) in n]
+
+
+# ---- modelpar (lessons 19-20) -------------------------------------------------------------
+
+def test_modelpar_node_work_over_loopback_and_its_report_and_figure(figures, capsys):
+    """Its node part at world size 2 over loopback: tensor parallel's counted all-reduces equal
+    the cost model's bytes; data parallel holds the whole model, the others half of it; the
+    report and the figure come from the rows."""
+    from dist_sgd.bench import modelpar
+
+    rows = launch(modelpar._node_work, 2, True)[0]
+    by = {r["strategy"]: r for r in rows}
+    assert by["tensor"]["counted"] == pytest.approx(by["tensor"]["bytes"])
+    assert by["data"]["bytes"] > by["tensor"]["bytes"] > by["pipeline"]["bytes"] > 0
+    full = 4 * by["data"]["params"]
+    assert by["data"]["state_bytes"] == full
+    assert by["pipeline"]["state_bytes"] == full // 2  # two equal stages
+    assert full // 2 < by["tensor"]["state_bytes"] < full // 2 + 4 * 4 * 64  # fc2's whole bias
+    write_csv("modelpar", rows)
+    modelpar.report(read_csv("modelpar")[0])
+    assert "tensor" in capsys.readouterr().out
+    assert os.path.getsize(modelpar.draw()[0]) > 10_000

@@ -10,7 +10,7 @@
     reduce_scatter(output, input_list, op=SUM)   op over everyone's input_list[i] -> rank i
     barrier()                              nobody leaves before everyone arrived
 
-Same signatures (less group= and async_op=) and in-place semantics as torch.distributed's
+Same signatures (less async_op=) and in-place semantics as torch.distributed's
 functions of the same name: results land in the tensors passed in; reduce leaves the
 non-destination ranks' tensors unchanged and reduce_scatter its inputs. Any world size,
 any tensor: empty, 0-d, non-contiguous (we work on a contiguous copy and copy back), on the
@@ -23,7 +23,12 @@ combines the ranks in (at world size 3 it drops some): ours is the sounder answe
 refuses (bitwise ops on floats, AVG on integers, MIN on complex, int16, PREMUL_SUM) raises
 TypeError/ValueError on every rank before any message is sent.
 Every rank must pass as many elements: TORCH_DISTRIBUTED_DEBUG=DETAIL checks it in every
-collective (see _same_everywhere). Not supported: group=, async_op=, sparse tensors (TypeError).
+collective (see _same_everywhere). Not supported: async_op=, sparse tensors (TypeError).
+
+group=: a subgroup from dist.new_group (or a DeviceMesh's get_group()), as in torch: list
+entries are indexed by rank in the group, src and dst are global ranks (a root outside the
+group: ValueError on every member), and a rank outside the group returns at once, its tensors
+untouched. Messages go to the members' global ranks over the default group.
 
 DIST_SGD_VERBOSE=1 prints every send and receive: `[rank r] send -> peer p chunk c (n bytes)`.
 The algorithms themselves live in allreduce.py.
@@ -117,11 +122,24 @@ def _check_tensor(t, name):
                         "are not supported; torch's gloo all_reduce has its own sparse path)")
 
 
-def _check_rank(value, name, size):
-    """A ValueError unless value (the argument `name`) is a rank in 0..size-1."""
+def _check_rank(value, name, size, group=None):
+    """The root's rank in the group (group=None: value itself, a rank in 0..size-1), or a
+    ValueError naming the argument `name`."""
+    if group is not None:
+        ranks = dist.get_process_group_ranks(group)
+        if isinstance(value, bool) or value not in ranks:
+            raise ValueError(f"{name} must be a global rank in the group {ranks}, got {value!r}")
+        return ranks.index(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
         raise ValueError(f"{name} must be a rank in 0..{size - 1} (world size {size}), "
                          f"got {value!r}")
+    return value
+
+
+def _members(group):
+    """(rank, size) in group; None on a rank outside it (torch returns at once there too)."""
+    rank, size = world("dist_sgd.comm.collectives", group)
+    return None if rank < 0 else (rank, size)
 
 
 def _check_list(tensors, name, like, size):
@@ -152,7 +170,7 @@ def _copy_back(t, flat):
         t.copy_(flat.view(t.shape))
 
 
-def _same_everywhere(what, tensor):
+def _same_everywhere(what, tensor, group=None):
     """With TORCH_DISTRIBUTED_DEBUG=DETAIL (torch's own switch for this), check that every
     rank passed as many elements of the same dtype, and raise ValueError on every rank if not.
 
@@ -163,10 +181,10 @@ def _same_everywhere(what, tensor):
     """
     if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() != "DETAIL":
         return
-    rank, size = dist.get_rank(), dist.get_world_size()
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
     table = torch.zeros(size, 2, dtype=torch.int64, device=tensor.device)
     table[rank, 0], table[rank, 1] = tensor.numel(), zlib.crc32(str(tensor.dtype).encode())
-    ring_all_gather(Link("check"), list(table))  # rows of a contiguous table: contiguous
+    ring_all_gather(Link("check", group=group), list(table))  # a contiguous table's rows
     if (table != table[0]).any():
         seen = ", ".join(f"rank {r}: {n} elements" for r, n in enumerate(table[:, 0].tolist()))
         raise ValueError(f"{what}: every rank must pass a tensor with as many elements of the "
@@ -177,38 +195,42 @@ def _same_everywhere(what, tensor):
 # ---- the collectives -----------------------------------------------------------------------
 
 @torch.no_grad()  # like torch's: never recorded by autograd, fine on parameters
-def broadcast(tensor, src=0):
+def broadcast(tensor, src=0, group=None):
     """Copy src's tensor into everyone's `tensor`, down a binomial tree (log2(p) rounds)."""
     _check_tensor(tensor, "tensor")
-    rank, size = world("dist_sgd.comm.collectives")
-    _check_rank(src, "src", size)
-    _same_everywhere("broadcast", tensor)
+    if (me := _members(group)) is None:
+        return
+    rank, size = me
+    src = _check_rank(src, "src", size, group)
+    _same_everywhere("broadcast", tensor, group)
     flat = _flat(tensor)
-    tree_broadcast(Link("broadcast"), flat, root=src)
+    tree_broadcast(Link("broadcast", group=group), flat, root=src)
     if rank != src:
         _copy_back(tensor, flat)
 
 
 @torch.no_grad()
-def reduce(tensor, dst=0, op=ReduceOp.SUM):
+def reduce(tensor, dst=0, op=ReduceOp.SUM, group=None):
     """Combine everyone's tensor with op into dst's `tensor`, up a binomial tree.
 
     Only dst's tensor changes: inner tree nodes reduce into a copy of their own.
     """
     _check_tensor(tensor, "tensor")
     fn = reducer(op, tensor.dtype)
-    rank, size = world("dist_sgd.comm.collectives")
-    _check_rank(dst, "dst", size)
-    _same_everywhere("reduce", tensor)
+    if (me := _members(group)) is None:
+        return
+    rank, size = me
+    dst = _check_rank(dst, "dst", size, group)
+    _same_everywhere("reduce", tensor, group)
     flat = _flat(tensor)
-    result = tree_reduce(Link("reduce"), flat, fn, root=dst, inplace=(rank == dst))
+    result = tree_reduce(Link("reduce", group=group), flat, fn, root=dst, inplace=(rank == dst))
     if rank == dst:
         _finish(op, result, size)
         _copy_back(tensor, result)
 
 
 @torch.no_grad()
-def all_reduce(tensor, op=ReduceOp.SUM, algorithm="ring", trace=None):
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, algorithm="ring", trace=None):
     """Combine everyone's tensor with op; every rank ends with the same bytes in `tensor`.
 
     algorithm: one of ALL_REDUCE_ALGORITHMS (see allreduce.py for what each costs).
@@ -220,65 +242,76 @@ def all_reduce(tensor, op=ReduceOp.SUM, algorithm="ring", trace=None):
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; "
                          f"choose one of {', '.join(ALL_REDUCE_ALGORITHMS)}")
-    rank, size = world("dist_sgd.comm.collectives")
-    _same_everywhere("all_reduce", tensor)
+    if (me := _members(group)) is None:
+        return
+    rank, size = me
+    _same_everywhere("all_reduce", tensor, group)
     if size == 1:
         return  # nothing to combine (and AVG of one tensor is itself)
     flat = _flat(tensor)
-    ALGORITHMS[algorithm](Link(algorithm, trace), flat, fn)
+    ALGORITHMS[algorithm](Link(algorithm, trace, group), flat, fn)
     _finish(op, flat, size)
     _copy_back(tensor, flat)
 
 
 @torch.no_grad()
-def reduce_scatter(output, input_list, op=ReduceOp.SUM):
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None):
     """Rank i gets op over everyone's input_list[i]: the ring's first phase.
 
     The inputs stay unchanged: the ring reduces into one concatenated working copy.
     """
     _check_tensor(output, "output")
     fn = reducer(op, output.dtype)
-    rank, size = world("dist_sgd.comm.collectives")
+    if (me := _members(group)) is None:
+        return
+    rank, size = me
     _check_list(input_list, "input_list", output, size)
-    _same_everywhere("reduce_scatter", output)
+    _same_everywhere("reduce_scatter", output, group)
     n = output.numel()
     work = torch.cat([t.reshape(-1) for t in input_list])
     chunks = [work[i * n:(i + 1) * n] for i in range(size)]
-    ring_reduce_scatter(Link("reduce_scatter"), chunks, fn)
+    ring_reduce_scatter(Link("reduce_scatter", group=group), chunks, fn)
     _finish(op, chunks[rank], size)
     output.copy_(chunks[rank].view(output.shape))
 
 
 @torch.no_grad()
-def all_gather(tensor_list, tensor):
+def all_gather(tensor_list, tensor, group=None):
     """Everyone's tensor into everyone's tensor_list (entry i from rank i): the ring's second
     phase, receiving straight into the list's tensors when they are contiguous."""
     _check_tensor(tensor, "tensor")
-    rank, size = world("dist_sgd.comm.collectives")
+    if (me := _members(group)) is None:
+        return
+    rank, size = me
     _check_list(tensor_list, "tensor_list", tensor, size)
-    _same_everywhere("all_gather", tensor)
+    _same_everywhere("all_gather", tensor, group)
     chunks = [_flat(t) for t in tensor_list]
     chunks[rank].copy_(tensor.reshape(-1))
-    ring_all_gather(Link("all_gather"), chunks)
+    ring_all_gather(Link("all_gather", group=group), chunks)
     for t, flat in zip(tensor_list, chunks):
         _copy_back(t, flat)
 
 
-def _rooted(what, tensor, root, root_name, tensors):
-    """The checks gather and scatter share: only the root passes a list."""
+def _rooted(what, tensor, root, root_name, tensors, group):
+    """The checks gather and scatter share: only the root passes a list. Returns (rank,
+    size, root, link) in the group, or None on a rank outside it."""
     _check_tensor(tensor, "tensor")
-    rank, size = world("dist_sgd.comm.collectives")
-    _check_rank(root, root_name, size)
-    _same_everywhere(what, tensor)
+    if (me := _members(group)) is None:
+        return None
+    rank, size = me
+    root = _check_rank(root, root_name, size, group)
+    _same_everywhere(what, tensor, group)
     if rank != root and tensors:
         raise ValueError(f"{what}_list must be None (or empty) on ranks other than {root_name}")
-    return rank, size, Link(what)
+    return rank, size, root, Link(what, group=group)
 
 
 @torch.no_grad()
-def gather(tensor, gather_list=None, dst=0):
+def gather(tensor, gather_list=None, dst=0, group=None):
     """Everyone's tensor into dst's gather_list (entry i from rank i); others pass None."""
-    rank, size, link = _rooted("gather", tensor, dst, "dst", gather_list)
+    if (got := _rooted("gather", tensor, dst, "dst", gather_list, group)) is None:
+        return
+    rank, size, dst, link = got
     if rank != dst:
         link.send(_flat(tensor), dst, chunk=rank)
         return
@@ -294,9 +327,11 @@ def gather(tensor, gather_list=None, dst=0):
 
 
 @torch.no_grad()
-def scatter(tensor, scatter_list=None, src=0):
+def scatter(tensor, scatter_list=None, src=0, group=None):
     """src's scatter_list[i] into rank i's tensor; others pass None."""
-    rank, size, link = _rooted("scatter", tensor, src, "src", scatter_list)
+    if (got := _rooted("scatter", tensor, src, "src", scatter_list, group)) is None:
+        return
+    rank, size, src, link = got
     if rank != src:
         flat = _flat(tensor)
         link.recv(flat, src, chunk=rank)
@@ -312,16 +347,18 @@ def scatter(tensor, scatter_list=None, src=0):
 
 
 @torch.no_grad()
-def barrier():
+def barrier(group=None):
     """Nobody returns before everyone has called barrier(): a dissemination barrier.
 
     In round k every rank signals the rank 2^k ahead and waits for the one 2^k behind;
     after ceil(log2(p)) rounds each rank has heard, indirectly, from all the others.
     """
-    rank, size = world("dist_sgd.comm.collectives")
+    if (me := _members(group)) is None:
+        return
+    rank, size = me
     # The token must live where the backend can send it: this rank's GPU under NCCL.
     token, got = torch.zeros(1, device=device()), torch.empty(1, device=device())
-    link, dist_k, step = Link("barrier"), 1, 0
+    link, dist_k, step = Link("barrier", group=group), 1, 0
     while dist_k < size:
         link.at("barrier", step).exchange(token, (rank + dist_k) % size, got,
                                           (rank - dist_k) % size)

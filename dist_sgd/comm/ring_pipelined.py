@@ -74,6 +74,7 @@ class SegmentedLink:
             self.note("send", dst, send_chunk, t, where)
         for t in recvs:
             self.note("recv", src, recv_chunk, t)
+        dst, src = self.link.glob(dst), self.link.glob(src)  # group ranks -> global ranks
         ops = [(dist.isend, t, dst, send_chunk) for t in sends]
         if self.nccl:  # hold sends back until a receive (or flush) can be launched with them
             ops, self.queued = self.queued + ops, []

@@ -51,12 +51,19 @@ class Link:
     """One collective call's wire to its peers. Made afresh for every call (no module state):
     it reads DIST_SGD_VERBOSE then and appends to the caller's `trace` list, if any."""
 
-    def __init__(self, algorithm, trace=None):
-        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+    def __init__(self, algorithm, trace=None, group=None):
+        # Peers are ranks in `group`; messages go over the default group to their global
+        # ranks (a pair of ranks shares one connection whatever subgroups it is in).
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        self.ranks = None if group is None else dist.get_process_group_ranks(group)
         self.algorithm, self.trace = algorithm, trace
         self.verbose = os.environ.get("DIST_SGD_VERBOSE", "0") not in ("", "0")
         self.nccl = dist.get_backend() == "nccl"
         self.phase, self.step = "", 0
+
+    def glob(self, peer):
+        """The global rank of `peer`, a rank in this link's group (None stays None)."""
+        return peer if self.ranks is None or peer is None else self.ranks[peer]
 
     def at(self, phase, step):
         """Name the step the next messages belong to; returns the link, for chaining."""
@@ -91,8 +98,8 @@ class Link:
             self.note("recv", peer, chunk, t)
         for t, peer, chunk in sends:
             self.note("send", peer, chunk, t)
-        ops = [(dist.irecv, t, peer) for t, peer, _ in recvs] + \
-            [(dist.isend, t, peer) for t, peer, _ in sends]
+        ops = [(dist.irecv, t, self.glob(peer)) for t, peer, _ in recvs] + \
+            [(dist.isend, t, self.glob(peer)) for t, peer, _ in sends]
         if self.nccl and len(ops) > 1:
             return dist.batch_isend_irecv([dist.P2POp(fn, t, peer) for fn, t, peer in ops])
         return [fn(t, peer) for fn, t, peer in ops]

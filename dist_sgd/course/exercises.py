@@ -307,6 +307,52 @@ EXERCISES = tuple(sorted((
          "step(): due = that test; if due: self.sync() (it calls your average_parameters and "
          "counts self.syncs); self.counter += 1; return due."),
         world_sizes=(1, 2, 3, 4)),
+    Exercise(
+        "one_f_one_b", "19", "dist_sgd.parallel.pipeline", ("one_f_one_b", "last_stage_loss"),
+        "1F1B's order of work on one pipeline stage, a list of (\"F\", i) and (\"B\", i), and the "
+        "loss the last stage runs backward from for one micro-batch",
+        ("A backward needs its forward done on every later stage: the last stage can go "
+         "forward, backward, forward, backward at once; the first must run ahead. Stage s runs "
+         "p - 1 - s forwards before its first backward (never more than m).",
+         "After the warm-up, alternate: the next forward, then the oldest backward, until every "
+         "forward is done; then the backwards left (the cool-down). Count what you hold: "
+         "never more than p - s micro-batches on stage s.",
+         "The schedule divides every gradient by m once at the end (torch's scale_grads): the "
+         "loss of one micro-batch is loss_fn(output, target), not divided again.",
+         "warm = min(p - 1 - s, m); order = [F i for i < warm]; for i in range(m - warm): "
+         "order += [(\"F\", warm + i), (\"B\", i)]; then (\"B\", i) for i from m - warm to m - 1."),
+        world_sizes=(1, 2, 3, 4)),
+    Exercise(
+        "tp_operators", "20", "dist_sgd.parallel.tensor", ("CopyToParallel", "ReduceFromParallel"),
+        "Megatron's conjugate operators as autograd Functions on our all_reduce: f (identity "
+        "forward, all-reduce backward) and g (all-reduce forward, identity backward)",
+        ("f sits before a column-parallel layer: every rank needs the whole x, which it already "
+         "has. g sits after a row-parallel layer: each rank holds a partial sum of y.",
+         "Backward is the mirror: through f, each rank's gradient of x covers only its slice of "
+         "the layer, so the ranks' gradients must be summed; through g, y = sum of the parts, "
+         "so each part's gradient is y's gradient, unchanged.",
+         "Never reduce autograd's tensor in place: all_reduce a clone (or .contiguous().clone()). "
+         "backward returns one gradient per forward argument: (grad, None, None).",
+         "f: forward returns x.view_as(x); backward: g2 = grad.clone(); all_reduce(g2, "
+         "group=ctx.group); return g2, None, None. g: the same two, the other way round."),
+        world_sizes=(1, 2, 3, 4)),
+    Exercise(
+        "parallel_linear", "20", "dist_sgd.parallel.tensor",
+        ("ColumnParallelLinear", "RowParallelLinear"),
+        "a linear layer split by its outputs (ColumnParallelLinear) and one split by its inputs "
+        "(RowParallelLinear): forward, and from_linear taking this rank's slice of an nn.Linear",
+        ("nn.Linear's weight is (out_features, in_features). Column-parallel: rank r keeps "
+         "out_features / p rows (and that slice of the bias); row-parallel: in_features / p "
+         "columns, and the whole bias.",
+         "Column forward: f(x) (CopyToParallel), then F.linear with your slice: your slice of y. "
+         "With gather_output, all-gather the slices along the last dimension "
+         "(GatherFromParallel).",
+         "Row forward: unless input_is_parallel, take your slice of x's last dimension "
+         "(ScatterToParallel); F.linear without the bias gives a partial sum; g adds them up. "
+         "Add the bias after g: added before, it would count p times.",
+         "from_linear: weight.chunk(p, dim=0)[rank] for a column layer, chunk(p, dim=1)[rank] "
+         "for a row layer, copied under torch.no_grad()."),
+        world_sizes=(1, 2, 3, 4)),
 ), key=lambda e: e.lesson))
 
 _BY_NAME = {e.name: e for e in EXERCISES}

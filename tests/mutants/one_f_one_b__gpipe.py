@@ -1,0 +1,12 @@
+"""Every forward, then every backward: GPipe's order, not 1F1B's. The same gradients, but
+each stage holds all m micro-batches instead of at most p."""
+
+CAUGHT_BY = "the order on every stage, m = p and m = p + 3"
+
+
+def one_f_one_b(stage_index, num_stages, n_microbatches):
+    return [("F", i) for i in range(n_microbatches)] + [("B", i) for i in range(n_microbatches)]
+
+
+def last_stage_loss(loss_fn, output, target, n_microbatches):
+    return loss_fn(output, target)
