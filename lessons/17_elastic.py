@@ -73,8 +73,7 @@ from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.figures import machine_facts, read_csv, write_csv
 from dist_sgd.plumbing.launch import launch, lesson_parser
 from dist_sgd.plumbing.rank import log, under_torchrun
-from dist_sgd.scale.cluster import Cluster
-from dist_sgd.scale.netns import ours, privilege_problem
+from dist_sgd.scale import cluster, netns
 from dist_sgd.sgd.data import get_dataset
 from dist_sgd.sgd.models import MLP
 from dist_sgd.sgd.optim import SGD
@@ -138,7 +137,7 @@ def on_the_cluster(args, tmp):
     acts = [(p - 1, "node0", p - 1), (0, "node0", None), (0, f"node{p}", p - 1)][:3 - 2 * q]
     flags = [f"--{k.replace('_', '-')}={getattr(args, k)}"
              for k in ("steps", "checkpoint_every", "hidden", "step_time")]
-    with Cluster(p + 1, rate=args.rate) as c:
+    with cluster.Cluster(p + 1, rate=args.rate) as c:
         watch = Watch(echo=r"world size \d+: |step \d*[05]0 |RendezvousConnectionError")
         for number, (lost, host, size) in enumerate(acts, 1):
             folder = os.path.join(tmp, f"act{number}")
@@ -156,7 +155,7 @@ def on_the_cluster(args, tmp):
                     final, replay(args, f"{tmp}/replay{number}", schedule)), 0))
                 act[-1]["distance"] = d = max_diff(final, args.reference)
                 log(f"   vs the uninterrupted run at {p}: {d:.1e} (float32 sums split another way)")
-    log(f"namespaces left behind: {len(set(ours()) & set(c.netns + [c.switch]))}")
+    log(f"namespaces left behind: {len(set(netns.ours()) & set(c.netns + [c.switch]))}")
     return rows
 
 
@@ -200,7 +199,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         log(f"0. the reference: {args.steps} steps at world size {args.world_size}, uninterrupted")
         args.reference = replay(args, f"{tmp}/reference", [(args.world_size, args.steps)])
-        why = privilege_problem()
+        why = netns.privilege_problem()
         rows = without_a_cluster(args, tmp, why) if why else on_the_cluster(args, tmp)
     log(f"\nWhat each change cost (the collectives time out after {TIMEOUT:g} s):" +
         "".join(f"\n   {describe(row)}" for row in rows))

@@ -33,7 +33,7 @@ Run:
     python lessons/19_pipeline.py                   # 2 stages
     python lessons/19_pipeline.py --world-size 4    # 4 stages on 2 cores: see the bubble
     python lessons/19_pipeline.py --quick
-    python lessons/19_pipeline.py --save-figures    # also figures/lesson19_schedule.png
+    python lessons/19_pipeline.py --save-figures    # also draws lesson19_schedule.png
     torchrun --standalone --nproc-per-node 2 lessons/19_pipeline.py
 
 Exercises:

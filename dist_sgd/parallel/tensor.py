@@ -107,6 +107,8 @@ class ScatterToParallel(torch.autograd.Function):
 
 
 def _share(n, what, size):
+    """n / size, the slice each rank holds, or a ValueError naming `what` when size does not
+    divide n."""
     if n % size:
         raise ValueError(f"{what} = {n} is not divisible by the tensor-parallel size {size}: "
                          "every rank must hold an equal slice (pad the layer)")

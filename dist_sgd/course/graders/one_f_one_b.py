@@ -18,6 +18,8 @@ def _make():
 
 @grader.case("the order on every stage, m = p and m = p + 3")
 def order(ctx):
+    """Every stage's list: each micro-batch forward once and backward once, in order; p - 1 - s
+    warm-up forwards on stage s (never more held than p - s); then one forward, one backward."""
     p = ctx.world_size
     for s in range(p):
         for m in (p, p + 3):
@@ -49,6 +51,8 @@ def order(ctx):
 
 @grader.case("two steps of a 1F1B pipeline: gradients and weights of one process")
 def pipeline(ctx):
+    """The learner's order and last-stage loss inside a real 1F1B pipeline over send/recv: after two
+    steps every stage's gradients and weights equal one process on the whole batch (float64)."""
     p, rank, m = ctx.world_size, ctx.rank, ctx.world_size + 1
 
     class Mine(P.Schedule1F1B):  # torch's interface, with the learner's order and loss

@@ -16,6 +16,8 @@ def _pair(p):
 
 @grader.case("from_linear: a column layer keeps its rows, a row layer its columns and the bias")
 def slices(ctx):
+    """from_linear takes this rank's slice: a column layer the rows of W (and of b), a row layer
+    the columns of W and the whole bias, added once."""
     p, r = ctx.world_size, ctx.rank
     first, second = _pair(p)
     col = ctx.call(ctx.impl.ColumnParallelLinear.from_linear, first)
@@ -60,9 +62,13 @@ def _both_ways(ctx, gathered):
 
 @grader.case("column (gather_output=False) then row (input_is_parallel=True): one process")
 def split_between(ctx):
+    """Column layer without gathering, row layer on the parallel input: the output and every
+    gradient equal one process's two nn.Linear."""
     _both_ways(ctx, False)
 
 
 @grader.case("column (gather_output=True) then row (input_is_parallel=False): one process")
 def gathered_between(ctx):
+    """Column layer gathering its output, row layer taking the full input: the same numbers as one
+    process's two nn.Linear."""
     _both_ways(ctx, True)

@@ -18,6 +18,8 @@ def _x(ctx):
 
 @grader.case("f: identity forward, the ranks' gradients summed backward")
 def f_case(ctx):
+    """f leaves x as it is going forward and sums the ranks' gradients coming back (an all-reduce
+    in backward only)."""
     x = _x(ctx).requires_grad_()
     y = ctx.call(ctx.impl.CopyToParallel.apply, x, None)
     ctx.expect_close(y, x.detach(), "f(x)", atol=0, hints=[SWAPPED, "f's forward sends nothing"])
@@ -32,6 +34,8 @@ def f_case(ctx):
 
 @grader.case("g: the partial sums added forward, the gradient passed through backward")
 def g_case(ctx):
+    """g sums the ranks' partial results going forward and passes the gradient through unchanged
+    coming back; the input is left as it was."""
     x = _x(ctx).requires_grad_()
     everyone = x.detach().clone()
     dist.all_reduce(everyone)
@@ -48,6 +52,8 @@ def g_case(ctx):
 
 @grader.case("an MLP, A by columns and B by rows, joined by f and g: one process's numbers")
 def mlp(ctx):
+    """f and g around a column-split A and a row-split B: the output and the gradients of X, A and
+    B equal one process's (this rank's slices of them)."""
     p, r = ctx.world_size, ctx.rank
     torch.manual_seed(1)
     a, b = torch.randn(5, 4 * p, dtype=torch.float64), torch.randn(4 * p, 3, dtype=torch.float64)
