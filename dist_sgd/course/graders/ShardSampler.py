@@ -1,6 +1,7 @@
 """Lesson 05's ShardSampler: index for index torch's DistributedSampler, on every rank, for
 dataset lengths that divide by the world size and not (smaller than it too), shuffled or
 not, with drop_last or padding, several seeds, epochs 0 and 1 through set_epoch."""
+import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from dist_sgd.course.grade import Grader
@@ -104,9 +105,15 @@ def in_order(ctx):
 @grader.case("shuffled, seeds 0 and 7, n = 100 and 101, epoch 0")
 def shuffled(ctx):
     """Shuffled, index for index DistributedSampler's for two seeds and two lengths: every rank
-    draws the same permutation and takes its stride."""
+    draws the same permutation and takes its stride, from a generator of its own (torch's
+    global one left as it was)."""
+    before = torch.get_rng_state()
     _compare(ctx, [(n, 0, {"seed": seed}) for seed in (0, 7) for n in (100, 101)],
              [HINTS["seed"], HINTS["strided"]])
+    ctx.expect(torch.equal(torch.get_rng_state(), before), "drawing the order changed torch's "
+               "global random generator (DistributedSampler leaves it alone)",
+               ["draw from a generator of your own, g = torch.Generator(); g.manual_seed(...): "
+                "torch.manual_seed would reseed the model's dropout and initialisation too"])
 
 
 @grader.case("set_epoch(1): a new order, every rank the same one")
@@ -119,9 +126,11 @@ def next_epoch(ctx):
 @grader.case("padding: n = 11 and n smaller than the world size")
 def padding(ctx):
     """Without drop_last, DistributedSampler's padding: the order wrapped around to equal
-    lengths, also when n is smaller than the world size."""
-    small = max(1, ctx.world_size - 1)
-    _compare(ctx, [(n, 0, {"shuffle": shuffle}) for n in (11, small) for shuffle in (False, True)],
+    lengths, also when n is smaller than the world size (1 item on 3 or 4 ranks: more padding
+    than items, the order repeated as often as needed)."""
+    small = sorted({max(1, ctx.world_size - 1), 1})  # 1 item on 3 ranks: pad more than n
+    _compare(ctx, [(n, 0, {"shuffle": shuffle}) for n in (11, *small)
+                   for shuffle in (False, True)],
              [HINTS["pad"]])
 
 

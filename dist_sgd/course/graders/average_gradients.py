@@ -3,6 +3,8 @@ place, so that p ranks on their shards step as one process on the global batch."
 import copy
 
 import torch
+import torch.distributed as dist
+import torch.nn as nn
 import torch.nn.functional as F
 
 from dist_sgd.course.grade import Grader
@@ -40,7 +42,13 @@ def one_step(ctx):
     F.nll_loss(ref(x), y).backward()  # one process, the global batch
     F.nll_loss(model(*_mine(ctx, x, y)[:1]), _mine(ctx, x, y)[1]).backward()
     own = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    held = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     ctx.call(ctx.impl.average_gradients, model)
+    for name, grad in held.items():  # an optimizer (or a hook) may hold the .grad tensor
+        ctx.expect(dict(model.named_parameters())[name].grad is grad, f"{name}.grad is a new "
+                   "tensor after the call, expected the same one, averaged in place", [
+                       "p.grad = p.grad / p makes a new tensor: divide in place, p.grad /= p "
+                       "(or p.grad.div_(p))"])
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         if q.grad is None:
             ctx.expect(p.grad is None, f"{name}.grad is set, expected None",
@@ -89,3 +97,22 @@ def once_each(ctx):
         "reduces it twice (the same mean, twice the traffic)"])
     ctx.expect(torch.equal(model.running, ref.running), "the buffer changed",
                ["average the parameters' gradients only: buffers are not gradients"])
+
+
+@grader.case("a gradient all zeros on rank 0 only (a dead ReLU there): still averaged")
+def zero_on_one_rank(ctx):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4), nn.Linear(4, 3)).double()
+    g = torch.Generator().manual_seed(20 + ctx.rank)
+    model(torch.randn(5, 6, generator=g, dtype=torch.float64)).pow(2).sum().backward()
+    if ctx.rank == 0:
+        model[0].bias.grad.zero_()  # as a ReLU dead on this rank's whole batch leaves it
+    want = [p.grad.clone() for p in model.parameters()]
+    for t in want:
+        dist.all_reduce(t)  # torch's sum, outside the piece
+        t /= ctx.world_size
+    ctx.call(ctx.impl.average_gradients, model)
+    for (name, p), w in zip(model.named_parameters(), want):
+        ctx.expect_close(p.grad, w, f"{name}.grad", atol=1e-12, rtol=1e-9, hints=[
+            "a gradient of zeros on one rank is still part of the mean (the others' are not "
+            "zero): every rank must make the same all-reduces, whatever its values"])
