@@ -29,7 +29,7 @@ def _gradient(step, i, shape):
     return torch.randn(shape, generator=g, dtype=torch.float64)
 
 
-def _steps(ctx, steps, options, hints, none=()):
+def _steps(ctx, steps, options, hints, none=(), groups=None):
     """Both optimizers over `steps` steps from the same weights and gradients; none: the
     (step, parameter) pairs with .grad None. Gradients are written into the existing .grad,
     as backward() does after zero_grad(set_to_none=False)."""
@@ -37,8 +37,9 @@ def _steps(ctx, steps, options, hints, none=()):
     start = [torch.randn(shape, dtype=torch.float64) for shape in SHAPES]
     mine = [torch.nn.Parameter(w.clone()) for w in start]
     ref = [torch.nn.Parameter(w.clone()) for w in start]
-    opt = ctx.call(ctx.impl.SGD, mine, **options)
-    ref_opt = torch.optim.SGD(ref, foreach=False, **options)
+    groups = groups or (lambda params: params)  # the params argument made from a list
+    opt = ctx.call(ctx.impl.SGD, groups(mine), **options)
+    ref_opt = torch.optim.SGD(groups(ref), foreach=False, **options)
     for step in range(steps):
         for i, (p, q) in enumerate(zip(mine, ref)):
             if (step, i) in none:
@@ -117,3 +118,16 @@ def skipped(ctx):
     # at step 0 (its buffer starts at step 1)
     _steps(ctx, 4, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}, [HINTS["skip"]],
            none={(1, 1), (2, 1), (0, 2)})
+
+
+@grader.case("two parameter groups, each with its own lr, momentum, maximize and decay")
+def groups(ctx):
+    def split(params):
+        return [{"params": params[:1]},
+                {"params": params[1:], "lr": 0.05, "momentum": 0.5, "maximize": True,
+                 "weight_decay": 0.1, "nesterov": True}]
+    _steps(ctx, 4, {"lr": 0.1, "momentum": 0.9}, [
+        "every option comes from the parameter's group (group[\"maximize\"], ...), never from "
+        "self.defaults: a group may override any of them",
+        "the momentum buffer belongs to its parameter: self.state[p], keyed by the parameter "
+        "itself (two groups both have a first parameter)"], groups=split)
