@@ -81,10 +81,13 @@ def mean(ctx):
               for shape in ((3, 5), (7,), (1,))]
     every = [torch.stack(ctx.everyone(p.detach().clone())) for p in params]  # before the call
     own = [p.detach().clone() for p in params]
-    ctx.call(ctx.impl.average_parameters, params)
+    # As model.parameters() gives them (torch's averagers take it): a generator, read once.
+    ctx.call(ctx.impl.average_parameters, (p for p in params))
     for i, (p, ranks) in enumerate(zip(params, every)):
         ctx.expect_close(p.detach(), ranks.mean(0), f"parameter {i}", atol=ATOL, rtol=RTOL,
-                         own=own[i] if ctx.world_size > 1 else None)
+                         own=own[i] if ctx.world_size > 1 else None, hints=[
+                             "params may be a generator (model.parameters()): it can be read "
+                             "once only, so make it a list first"])
 
 
 @grader.case("period 1, 4 steps: all-reduce SGD's weights")
