@@ -27,16 +27,17 @@ class Model(nn.Module):
         return self.fc2(torch.tanh(self.fc1(x)))
 
 
-def _train(hook, rank, bucket_cap_mb=25, steps=STEPS):
+def _train(hook, rank, bucket_cap_mb=25, steps=STEPS, dtype=torch.float32):
     """Every step's gradients of a DDP with `hook`, SGD steps in between."""
     torch.manual_seed(0)
-    ddp = TorchDDP(Model(), bucket_cap_mb=bucket_cap_mb)
+    ddp = TorchDDP(Model().to(dtype), bucket_cap_mb=bucket_cap_mb)
     ddp.register_comm_hook(None, hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     grads = []
     for step in range(steps):
         g = torch.Generator().manual_seed(100 * step + rank)
-        x, y = torch.randn(PER_RANK, 12, generator=g), torch.randn(PER_RANK, 7, generator=g)
+        x = torch.randn(PER_RANK, 12, generator=g, dtype=dtype)
+        y = torch.randn(PER_RANK, 7, generator=g, dtype=dtype)
         opt.zero_grad()
         F.mse_loss(ddp(x), y).backward()
         grads.append([p.grad.clone() for p in ddp.parameters()])
@@ -106,6 +107,7 @@ def result_dtype(ctx):
     shape."""
     seen = []
     _train(_learners(ctx, seen), ctx.rank, steps=1)
+    _train(_learners(ctx, seen), ctx.rank, steps=1, dtype=torch.float64)  # a float64 model
     dist.barrier()
     for dtype, numel, fut in seen:
         value = fut.value()
