@@ -3,6 +3,7 @@ one process, the batch split over replicas run in threads (here CPU replicas), o
 gathered into one; one backward gives one process's gradients. scatter and gather follow
 torch.nn.DataParallel's rules (torch.nn.parallel.scatter_gather, its CUDA copies replaced by
 their CPU equivalents, chunk and cat). DataParallel is single-process: world size 1 only."""
+import threading
 import warnings
 from collections import namedtuple
 from contextlib import contextmanager
@@ -182,3 +183,38 @@ def fewer_chunks(ctx):
     for rows, replicas in ((5, 4), (1, 2), (4, 1)):
         single, mine, results = _one_process_and_ours(ctx, rows, replicas)
         _expect_one_process(ctx, single, mine, results, f"{rows} rows over {replicas} replicas")
+
+
+class _Meet(nn.Module):
+    """A replica's forward waits at a barrier until every replica has reached it: replicas
+    running at once, each in a thread of its own, all arrive; run one after the other, the
+    first waits alone (the timeout is for that failure only, never reached otherwise)."""
+
+    def __init__(self, replicas):
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+        self.met = {"barrier": threading.Barrier(replicas, timeout=5), "threads": set()}
+
+    def forward(self, x):
+        self.met["threads"].add(threading.get_ident())
+        try:
+            self.met["barrier"].wait()
+        except threading.BrokenBarrierError:
+            self.met["alone"] = True
+        return self.lin(x)
+
+
+@grader.case("the replicas run at once, each in a thread: 3 forwards meet at a barrier")
+def threads(ctx):
+    torch.manual_seed(0)
+    module = _Meet(3)
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(3))
+    model = ctx.call(ctx.impl.DataParallel, module, device_ids=["cpu"] * 3)
+    out = ctx.call(model, x)
+    ctx.expect(not module.met.get("alone"), "a replica's forward waited 5 s at a barrier for "
+               "the other replicas, which never came while it ran", [
+                   "run the replicas at the same time, one thread each: start every thread "
+                   "first, then join them all (parallel_apply does it)"])
+    ctx.expect(len(module.met["threads"]) == 3, f"the 3 replicas ran in "
+               f"{len(module.met['threads'])} thread(s), expected 3")
+    ctx.expect_close(out.detach(), module.lin(x).detach(), "the output", atol=1e-6)
