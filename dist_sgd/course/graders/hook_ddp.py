@@ -1,6 +1,7 @@
 """Lesson 07's HookDDP(module), step 2: a hook on each parameter starts an asynchronous
 all-reduce of its gradient as soon as autograd has it, and backward() returns only once every
 one is averaged. Compared with torch's DistributedDataParallel on the same model and shards."""
+import datetime
 import time
 
 import torch
@@ -124,3 +125,62 @@ def three_steps(ctx):
     for name in want_weights:
         ctx.expect_close(weights[name], want_weights[name], f"{name} after 3 steps",
                          atol=1e-10, rtol=1e-8)
+
+
+class _Reached(torch.autograd.Function):
+    """Identity; its backward (run once backward has gone past the layers above) calls
+    `reached`: how a case sees where backward is."""
+
+    @staticmethod
+    def forward(ctx, x, reached):
+        ctx.reached = reached
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.reached()
+        return grad, None
+
+
+class _Stack(nn.Module):
+    def __init__(self, reached):
+        super().__init__()
+        self.low, self.high, self.head = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+        self.reached = reached
+
+    def forward(self, x):
+        h = _Reached.apply(torch.tanh(self.low(x)), self.reached)  # below: low's gradients
+        return self.head(torch.tanh(self.high(h)))
+
+
+@grader.case("overlap: rank 1's backward reaches the first layer while its first all-reduce "
+             "waits for rank 0", world_sizes=(2,))
+def overlap(ctx):
+    # Rank 0 holds back its whole backward (so every all-reduce) until rank 1's backward has
+    # gone past head's and high's gradients. A hook that starts its all-reduce and returns
+    # lets rank 1 get there; one that waits for its own all-reduce stalls rank 1's backward
+    # at the first gradient, for as long as rank 0 holds back. Proven by the order of
+    # events; the wait below only bounds the failure.
+    store = dist.distributed_c10d._get_default_store()
+    reached = lambda: store.set("hook_ddp_overlap", "1") if ctx.rank == 1 else None  # noqa
+    torch.manual_seed(0)
+    model = _Stack(reached).double()
+    wrapped = ctx.call(ctx.impl.HookDDP, model)
+    x = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(ctx.rank))
+    loss = wrapped(x).square().sum()
+    stalled = False
+    if ctx.rank == 0:
+        try:
+            store.wait(["hook_ddp_overlap"], datetime.timedelta(
+                seconds=min(5.0, store.timeout.total_seconds() / 2)))
+        except Exception:  # noqa: BLE001 - rank 1 never got there
+            stalled = True
+    ctx.call(loss.backward)
+    wrapped.finish_gradient_synchronization()
+    dist.barrier()
+    ctx.expect(not stalled, "rank 1's backward stalled at its first gradient while its "
+               "all-reduce waited for rank 0: the hook waited for its own all-reduce, so "
+               "backward and communication never overlap", [
+                   "start the all-reduce asynchronously and return at once (keep its Future); "
+                   "wait for all of them only when backward ends "
+                   "(call_when_backward_ends(self.finish_gradient_synchronization))"])
