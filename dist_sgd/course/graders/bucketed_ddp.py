@@ -142,3 +142,53 @@ def with_reduce(ctx):
     want = _one_process(ctx, 3, torch.float64)
     _expect(ctx, got, want, atol=1e-12, rtol=1e-9, hints=[
         "with self.reduce set, the bucket's average is self.reduce(bucket)'s Future"])
+
+
+@grader.case("a hook with two collectives; at step 1 only rank 0 uses a layer: buckets "
+             "launched together, in order", world_sizes=(2, 3))
+def two_collectives(ctx):
+    # A bucket per parameter. At step 1 the other ranks leave `extra` unused: there its
+    # buckets complete only when backward ends, and with the buckets after them they are
+    # launched in one call, while rank 0 launches them as backward goes: only bucket order
+    # makes the ranks issue the same collectives in the same order. The hook issues a second
+    # collective once its first is done (as PowerSGD does): the next bucket may start only
+    # once this one's Future is done (in_order(..., later=True)).
+    p, state = ctx.world_size, {"last": None, "early": 0}
+
+    def reduce(bucket):
+        if state["last"] is not None and not state["last"].done():
+            state["early"] += 1
+        flat, out = bucket.flat.div_(p), torch.futures.Future()
+
+        def second(_):
+            tag = torch.ones(bucket.index + 1, dtype=flat.dtype)  # a size of its own
+            dist.all_reduce(tag, async_op=True).get_future().then(
+                lambda _: out.set_result(flat))
+        dist.all_reduce(flat, async_op=True).get_future().then(second)
+        state["last"] = out
+        return out
+
+    def use_extra(step, rank=ctx.rank):
+        return step != 1 or rank == 0
+
+    model = _model(ctx.rank, torch.float64)
+    mine = ctx.call(ctx.impl.BucketedDDP, model, 0, reduce=reduce, rebuild_after=None)
+    got = _train(ctx, mine, model, 2, torch.float64, use_extra, call=True)
+    ref = _model(0, torch.float64)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    want = []
+    for step in range(2):
+        x, y = _batch(ctx, step, torch.float64)
+        opt.zero_grad()
+        part = [slice(r * PER_RANK, (r + 1) * PER_RANK) for r in range(p)]
+        sum(F.cross_entropy(ref(x[s], use_extra(step, r)), y[s])
+            for r, s in enumerate(part)).div(p).backward()
+        want.append(_grads(ref))
+        opt.step()
+    ctx.expect(state["early"] == 0, f"{state['early']} bucket(s) started while the bucket "
+               "before was still in its hook (its Future not done)", [
+                   "a communication hook may issue more collectives until its Future is done: "
+                   "in_order(start, later=True), so the next bucket waits for it"])
+    _expect(ctx, got, want, atol=1e-12, rtol=1e-9, hints=[
+        "launch strictly in bucket order, each bucket its own: a lambda made in a loop sees "
+        "the loop's variable as it is when it runs (lambda b=bucket: ... keeps this one)"])
