@@ -36,13 +36,14 @@ def _batch(ctx, step):
         torch.randn(n, 2, generator=g, dtype=torch.float64)
 
 
-def _train(ctx):
-    """(plain Adam's model on the global batch, ours on this rank's part, our optimizer)."""
+def _train(ctx, groups=lambda model: model.parameters()):
+    """(plain Adam's model on the global batch, ours on this rank's part, our optimizer).
+    groups(model): the params argument, the parameters or parameter groups."""
     torch.manual_seed(0)
     plain = Model().double()
     mine = copy.deepcopy(plain)
-    opt_plain = torch.optim.Adam(plain.parameters(), lr=LR)
-    opt = ctx.call(ctx.impl.ShardedOptimizer, mine.parameters(), torch.optim.Adam, lr=LR)
+    opt_plain = torch.optim.Adam(groups(plain), lr=LR)
+    opt = ctx.call(ctx.impl.ShardedOptimizer, groups(mine), torch.optim.Adam, lr=LR)
     part = slice(ctx.rank * PER_RANK, (ctx.rank + 1) * PER_RANK)
     for step in range(STEPS):
         x, y = _batch(ctx, step)
@@ -53,6 +54,15 @@ def _train(ctx):
         F.mse_loss(mine(x[part]), y[part]).backward()
         ctx.call(opt.step)
     return plain, mine, opt
+
+
+def _expect_plain(ctx, plain, mine, hints=()):
+    for (name, p), q in zip(mine.named_parameters(), plain.parameters()):
+        ctx.expect_close(p.detach(), q.detach(), f"{name} after {STEPS} steps", atol=1e-9,
+                         rtol=1e-7, hints=list(hints) + [
+                             "after its own step, each parameter must reach every rank from "
+                             "its owner (the one rank that stepped it): broadcast(p, src=owner)",
+                             "every gradient is averaged over the ranks before the step"])
 
 
 @grader.case("3 Adam steps: plain Adam's weights on one process, on every rank")
@@ -102,3 +112,15 @@ def state_sharded(ctx):
     missing = sorted(set(trainable) - set(holders))
     ctx.expect(not missing, f"parameters {missing} have Adam state on no rank",
                ["every trainable parameter belongs to one rank's shard"])
+
+
+@grader.case("two parameter groups with their own lr and weight decay: plain Adam's weights")
+def groups(ctx):
+    def split(model):
+        return [{"params": model.fc1.parameters()},
+                {"params": [*model.fc2.parameters(), *model.frozen.parameters(),
+                            *model.head.parameters()], "lr": 0.02, "weight_decay": 0.1}]
+    plain, mine, _ = _train(ctx, split)
+    _expect_plain(ctx, plain, mine, hints=[
+        "the wrapped optimizer needs this rank's part of each parameter group, with the "
+        "group's own options: one local group per group (self._local_group(group, owners))"])
