@@ -1,5 +1,6 @@
 """A correct version written from scratch: every rank writes one file of its own (the model
 and the optimizer are the same on every rank) and reads it back."""
+import copy
 import os
 import random
 
@@ -24,6 +25,7 @@ def load_checkpoint(ckpt_dir, model, optimizer):
     if not os.path.exists(_path(ckpt_dir)):
         return None
     saved = torch.load(_path(ckpt_dir), weights_only=False)
+    copy.deepcopy(optimizer).load_state_dict(saved["optimizer"])  # refused before any change
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
     torch.set_rng_state(saved["torch"])

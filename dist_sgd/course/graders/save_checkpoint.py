@@ -180,3 +180,52 @@ def nothing_yet(ctx):
                ["a first run finds no checkpoint: return None, so the caller starts at step 0"])
     for p, q in zip(model.parameters(), before):
         ctx.expect_close(p.detach(), q, "a weight after loading nothing", atol=0)
+
+
+@grader.case("an optimizer the checkpoint does not fit: ValueError, the model left as it was",
+             world_sizes=(1,))
+def refused(ctx):
+    folder = _folder(ctx)
+    model = _model()
+    opt = _optimizer(model)
+    _seed(ctx, 100)
+    _step(ctx, model, opt)
+    ctx.call(ctx.impl.save_checkpoint, folder, 1, model, opt)
+    fresh = _model(seed=5)
+    before = [p.detach().clone() for p in fresh.parameters()]
+    smaller = torch.optim.SGD(fresh[0].parameters(), lr=0.1, momentum=0.9)  # 2 of 4 params
+    error = None
+    try:
+        ctx.call(ctx.impl.load_checkpoint, folder, fresh, smaller)
+    except ValueError as e:
+        error = e
+    _finish(ctx, folder)
+    ctx.expect(error is not None, "load_checkpoint into an optimizer over 2 of the model's 4 "
+               "parameters raised no ValueError", [
+                   "torch's optimizer.load_state_dict refuses state for other parameters "
+                   "(ValueError): let it, or check first"])
+    for (name, p), q in zip(fresh.named_parameters(), before):
+        ctx.expect_close(p.detach(), q, f"{name} after a refused load (it promises to change "
+                         "nothing)", atol=0, hints=[
+                             "check that everything fits before changing anything: the model "
+                             "is loaded last, or the optimizer's state is tried on a copy "
+                             "first"])
+
+
+@grader.case("checkpoints of steps 9 and 10 in one folder: step 10 loads", world_sizes=(1,))
+def latest(ctx):
+    folder = _folder(ctx)
+    model = _model()
+    opt = _optimizer(model)
+    _seed(ctx, 100)
+    for step in (9, 10):
+        _step(ctx, model, opt)
+        ctx.call(ctx.impl.save_checkpoint, folder, step, model, opt)
+    fresh, fresh_opt = _new_process(ctx)
+    state = ctx.call(ctx.impl.load_checkpoint, folder, fresh, fresh_opt)
+    _finish(ctx, folder)
+    _expect_step(ctx, state, 10)
+    for (name, p), q in zip(fresh.named_parameters(), model.parameters()):
+        ctx.expect_close(p.detach(), q.detach(), f"{name} after loading", atol=0, hints=[
+            "\"step-10\" < \"step-9\" as text: name the folders step-{step:08d} (they sort "
+            "as numbers), or keep the latest's name in a file of its own"])
