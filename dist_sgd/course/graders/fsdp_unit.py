@@ -2,6 +2,8 @@
 unit's flat pieces, each against torch's own collectives on the same tensors. The unit is a
 Linear(7, 13): a weight of 91 and a bias of 13 elements, so at p = 2 and 3 the last pieces
 are padded."""
+import time
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -18,15 +20,16 @@ grader = Grader("fsdp_unit", error_hints={
     "different dtypes": "cast your piece to self.dtypes[i] before gathering it: the storage "
     "holds the compute dtype",
     "NoneType": "under sync=True every shard that requires grad gets a reduce-scatter"})
+LATE = 0.2  # seconds rank 0 waits before it gathers: its peers' gathers are still in flight
 
 
-def _unit(ctx, compute_dtype=None):
+def _unit(ctx, compute_dtype=None, comm=None):
     """A unit over a Linear(7, 13) (the same on every rank), its shards and its memory."""
     torch.manual_seed(0)
     layer = nn.Linear(7, 13)
     full = [layer.weight.detach().clone(), layer.bias.detach().clone()]
     shards = [_Shard(p, ctx.rank, ctx.world_size) for p in (layer.weight, layer.bias)]
-    memory, comm = _Memory(), Counted("torch")
+    memory, comm = _Memory(), comm or Counted("torch")
     unit = ctx.call(ctx.impl._Unit, "layer", layer, [(layer, "weight", 0), (layer, "bias", 1)],
                     shards, compute_dtype, comm, memory, ctx.world_size)
     return unit, shards, full, memory, comm
@@ -142,17 +145,26 @@ def no_sync(ctx):
     unit, shards, _, _, comm = _unit(ctx)
     grads, means = _gradients(ctx, 300)
     more, more_means = _gradients(ctx, 400)
+    third, third_means = _gradients(ctx, 600)
     ctx.call(unit.reduce_scatter, grads, False)
     kept, issued = [s.param.grad for s in shards], [n for n, _ in comm.log]
     ctx.call(unit.reduce_scatter, more, True)
     ctx.call(unit.finish_reduce)
+    second = [s.param.grad.clone() for s in shards]
+    ctx.call(unit.reduce_scatter, third, True)  # synchronized again: nothing kept to add
+    ctx.call(unit.finish_reduce)
     ctx.expect(kept == [None, None] and issued == [], f"under sync=False .grad is {kept} and "
                f"{issued} were issued", ["sync=False: keep the padded full gradient in "
                                          "s.accumulated, send nothing, leave .grad alone"])
-    for name, s, a, b in zip(("weight", "bias"), shards, means, more_means):
-        ctx.expect_close(s.param.grad, _my_piece(ctx, a + b, s), f"{name}'s .grad after a "
+    for name, got, s, a, b in zip(("weight", "bias"), second, shards, means, more_means):
+        ctx.expect_close(got, _my_piece(ctx, a + b, s), f"{name}'s .grad after a "
                          "no_sync backward and a synchronized one", atol=1e-6, rtol=1e-6,
                          hints=["add s.accumulated to the padded gradient, then clear it"])
+    for name, s, a, b, c in zip(("weight", "bias"), shards, means, more_means, third_means):
+        ctx.expect_close(s.param.grad, _my_piece(ctx, a + b + c, s), f"{name}'s .grad after "
+                         "one more synchronized backward", atol=1e-6, rtol=1e-6,
+                         hints=["once a synchronized backward has sent s.accumulated, clear it "
+                                "(s.accumulated = None): it must not be sent twice"])
 
 
 @grader.case("the collectives go through self.comm.start, where FSDP counts its bytes")
@@ -170,3 +182,48 @@ def counted(ctx):
     ctx.expect(comm.log == want, f"self.comm logged {comm.log}, expected {want}",
                ["start each collective with self.comm.start(name, *args): one all-gather and "
                 "one reduce-scatter per shard, of the padded size"])
+
+
+class _Watched(Counted):
+    """torch's collectives, counted as FSDP's are; each all-gather's handle notes, when it is
+    waited for, whether the unit's storages still held their bytes then."""
+
+    def __init__(self):
+        super().__init__("torch")
+        self.unit, self.waits = None, []
+
+    def start(self, name, *args, count=True):
+        work = super().start(name, *args, count=count)
+        return _Handle(work, self) if name == "all_gather" else work
+
+
+class _Handle:
+    def __init__(self, work, comm):
+        self.work, self.comm = work, comm
+
+    def wait(self):
+        self.comm.waits.append(all(st.nbytes() > 0 for st in self.comm.unit.storages))
+        return self.work.wait()
+
+
+@grader.case("free() while the gather is in flight (rank 0 late): it waits for the gather first")
+def free_in_flight(ctx):
+    comm = _Watched()
+    unit, shards, full, _, _ = _unit(ctx, comm=comm)
+    comm.unit = unit
+    if ctx.rank == 0:
+        time.sleep(LATE)  # the others free while their gathers wait for rank 0's piece
+    ctx.call(unit.gather)
+    ctx.call(unit.free)
+    started = sum(name == "all_gather" for name, _ in comm.log)
+    waits = list(comm.waits)
+    dist.barrier()
+    ctx.expect(len(waits) >= started and all(waits), f"free() shrank the storages with "
+               f"{started - sum(waits)} of {started} all-gathers not waited for: they still "
+               "write into the storage (with a late peer: into freed memory)", [
+                   "free(): wait for the gather in flight first (self.wait()), then "
+                   "storage.resize_(0)"])
+    ctx.call(unit.gather)
+    ctx.call(unit.wait)
+    ctx.expect_close(unit.tensor(0, shards[0].shape), full[0], "the weight gathered after the "
+                     "free", atol=0)
