@@ -457,6 +457,12 @@ def edges(rank, world_size):
     out["tied outside"] = side_by_side(
         rank, world_size, FullyShardedDataParallel(seeded(TiedOutside), units=[]),
         torch_sharded(seeded(TiedOutside), inner=[]), name="Tied")
+    wrapped = FullyShardedDataParallel(seeded(TiedOutside))  # the default wrap: embed a unit
+    try:
+        wrapped(batch("Tied", 0, world_size)[0][rank * BATCH:(rank + 1) * BATCH])
+        out["tied outside, default wrap"] = None
+    except ValueError as error:
+        out["tied outside, default wrap"] = str(error)
     ours, theirs = seeded(Dense), seeded(Dense)  # units as torch's calls: fc1, then the root
     out["units chosen"] = side_by_side(
         rank, world_size, FullyShardedDataParallel(ours, units=[ours.fc1]),
@@ -755,6 +761,15 @@ def test_bfloat16_casts_every_units_inputs_as_torch(runs):
 def test_root_only_unit_lets_the_root_use_a_weight_as_torch(runs):
     for r in runs[1]:
         same_history(r["edges"]["tied outside"], atol=1e-6, rtol=1e-5)
+
+
+def test_a_weight_used_outside_its_units_forward_is_refused_by_name_pointing_at_units(runs):
+    # The default wrap makes embed a unit: outside its forward embed.weight is a piece, and
+    # F.linear(h, self.embed.weight) in the root's forward would fail on its shape.
+    for r in runs[1]:
+        error = r["edges"]["tied outside, default wrap"]
+        assert error is not None, "no error"
+        assert "embed.weight" in error and "units=" in error, error
 
 
 def test_units_chosen_equal_torchs_fully_shard_calls(runs):

@@ -158,6 +158,30 @@ def recomputing():
     return torch._C._current_graph_task_id() != -1
 
 
+class _Elsewhere(torch.Tensor):
+    """What a sharded weight reads as in forward outside its unit's: its dtype, device and
+    requires_grad are the piece's; anything computed with it raises, naming the weight."""
+
+    _SAFE = ("dtype", "device", "requires_grad", "is_leaf", "is_cuda", "grad_fn")
+
+    @staticmethod
+    def make(piece, message):
+        guard = piece.detach().as_subclass(_Elsewhere)
+        guard._dist_sgd_message = message
+        with torch._C.DisableTorchFunctionSubclass():
+            guard.requires_grad_(piece.requires_grad)
+        return guard
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(getattr(func, "__self__", None), "__name__", None) or \
+            getattr(func, "__name__", "")
+        if name in cls._SAFE or func is torch.Tensor.__repr__:
+            return super().__torch_function__(func, types, args, kwargs or {})
+        guard = next(a for a in (*args, *(kwargs or {}).values()) if isinstance(a, _Elsewhere))
+        raise ValueError(guard._dist_sgd_message)
+
+
 class _Memory:
     """The bytes of the buffers held now (gathered units, gradients being reduced), and the
     most held at once since the last reset."""
@@ -397,6 +421,16 @@ class FullyShardedDataParallel(nn.Module):
         for p in self._replicated_params:
             p.register_post_accumulate_grad_hook(self._replicated_ready)
         self.require_backward_grad_sync, self._in_backward = True, False
+        self._guarding, self._guards = False, {}
+        for unit in self.units:
+            for m, pname, _ in unit.places:
+                full = f"{names[m]}.{pname}" if names[m] else pname
+                self._guards[m, pname] = _Elsewhere.make(
+                    m._parameters[pname], f"{full} is used outside the forward of "
+                    f"{names[m] or 'the root'}, whose unit gathers it: there it is only this "
+                    f"rank's piece. With units=None every module owning parameters is a unit "
+                    f"of its own; pass units= so that the module whose forward uses {full} "
+                    f"owns it (units=[]: the root gathers every weight for its whole forward)")
         self._plan, self._order, self._ran, self._keep = list(self.units), [], [], set()
         self._accumulated, self._before = {}, {}  # replicated parameters under no_sync
         self._open_step()
@@ -408,7 +442,19 @@ class FullyShardedDataParallel(nn.Module):
             self._open_step()
         if self.compute_dtype is not None:
             args, kwargs = cast((args, kwargs), self.compute_dtype)
-        out = self.module(*args, **kwargs)
+        # Outside its unit's forward a sharded weight is only this rank's piece: a guard
+        # stands in its place, so using it there fails naming it, not deep in F.linear.
+        self._guarding = True
+        for unit in self.units:
+            self._guard(unit)
+        try:
+            out = self.module(*args, **kwargs)
+        finally:
+            self._guarding = False
+            for unit in self.units:
+                for module, pname, _ in unit.places:
+                    if isinstance(module.__dict__.get(pname), _Elsewhere):
+                        del module.__dict__[pname]
         if not torch.is_grad_enabled():  # no backward will come: nothing stays gathered
             for unit in self.units:
                 unit.free()
@@ -430,6 +476,10 @@ class FullyShardedDataParallel(nn.Module):
         self._sync = self.require_backward_grad_sync  # decided at forward, as in DDP
         self._before = {} if self._sync else {  # .grad as it was: no_sync leaves it so
             p: None if p.grad is None else p.grad.clone() for p in self._replicated_params}
+
+    def _guard(self, unit):
+        for module, pname, _ in unit.places:
+            module.__dict__[pname] = self._guards[module, pname]
 
     def _pre_forward(self, module, args, kwargs):
         for pname in self.replicated.get(module, []) if self.compute_dtype else []:
@@ -456,6 +506,8 @@ class FullyShardedDataParallel(nn.Module):
         if unit is None:
             return
         unit.uninstall()
+        if self._guarding:
+            self._guard(unit)
         if recomputing():
             return  # its backward is on its way: it stays gathered until then
         if torch.is_grad_enabled():
