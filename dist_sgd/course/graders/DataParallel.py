@@ -206,6 +206,9 @@ class _Meet(nn.Module):
 
 @grader.case("the replicas run at once, each in a thread: 3 forwards meet at a barrier")
 def threads(ctx):
+    """Three replicas' forwards meet at a barrier: they run at the same time, each in a
+    thread of its own (run one after the other, the first waits alone), and the output is
+    still the module's."""
     torch.manual_seed(0)
     module = _Meet(3)
     x = torch.randn(6, 4, generator=torch.Generator().manual_seed(3))

@@ -122,6 +122,9 @@ def skipped(ctx):
 
 @grader.case("two parameter groups, each with its own lr, momentum, maximize and decay")
 def groups(ctx):
+    """Two parameter groups, the second overriding lr, momentum, maximize, weight decay and
+    Nesterov: each parameter stepped with its own group's options and its own momentum
+    buffer, as torch's SGD."""
     def split(params):
         return [{"params": params[:1]},
                 {"params": params[1:], "lr": 0.05, "momentum": 0.5, "maximize": True,

@@ -116,6 +116,9 @@ def state_sharded(ctx):
 
 @grader.case("two parameter groups with their own lr and weight decay: plain Adam's weights")
 def groups(ctx):
+    """Two parameter groups, the second with its own lr and weight decay: plain Adam's
+    weights after 3 steps (the wrapped optimizer keeps each group's options for this rank's
+    part of it)."""
     def split(model):
         return [{"params": model.fc1.parameters()},
                 {"params": [*model.fc2.parameters(), *model.frozen.parameters(),

@@ -101,6 +101,8 @@ def once_each(ctx):
 
 @grader.case("a gradient all zeros on rank 0 only (a dead ReLU there): still averaged")
 def zero_on_one_rank(ctx):
+    """A gradient all zeros on rank 0 only is still averaged with the others': every rank
+    makes the same all-reduces, whatever its values."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 4), nn.Linear(4, 3)).double()
     g = torch.Generator().manual_seed(20 + ctx.rank)

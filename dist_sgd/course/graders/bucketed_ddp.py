@@ -147,6 +147,10 @@ def with_reduce(ctx):
 @grader.case("a hook with two collectives; at step 1 only rank 0 uses a layer: buckets "
              "launched together, in order", world_sizes=(2, 3))
 def two_collectives(ctx):
+    """A hook that issues a second collective once its first is done, and a layer only rank
+    0 uses at step 1: buckets launched together at the end of backward, strictly in bucket
+    order, each bucket its own, the next started only once the hook's Future is done; the
+    gradients of one process."""
     # A bucket per parameter. At step 1 the other ranks leave `extra` unused: there its
     # buckets complete only when backward ends, and with the buckets after them they are
     # launched in one call, while rank 0 launches them as backward goes: only bucket order

@@ -208,6 +208,9 @@ class _Handle:
 
 @grader.case("free() while the gather is in flight (rank 0 late): it waits for the gather first")
 def free_in_flight(ctx):
+    """free() called while the unit's all-gathers are in flight, rank 0 late: every gather
+    is waited for while the storages still hold their bytes, and the next gather brings the
+    weight back."""
     comm = _Watched()
     unit, shards, full, _, _ = _unit(ctx, comm=comm)
     comm.unit = unit

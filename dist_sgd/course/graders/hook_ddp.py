@@ -156,6 +156,9 @@ class _Stack(nn.Module):
 @grader.case("overlap: rank 1's backward reaches the first layer while its first all-reduce "
              "waits for rank 0", world_sizes=(2,))
 def overlap(ctx):
+    """Rank 0 holds back its backward until rank 1's backward has gone past its top layers:
+    a hook that starts its all-reduce and returns lets backward go on (overlap), one that
+    waits for its own all-reduce stalls it."""
     # Rank 0 holds back its whole backward (so every all-reduce) until rank 1's backward has
     # gone past head's and high's gradients. A hook that starts its all-reduce and returns
     # lets rank 1 get there; one that waits for its own all-reduce stalls rank 1's backward

@@ -185,6 +185,8 @@ def nothing_yet(ctx):
 @grader.case("an optimizer the checkpoint does not fit: ValueError, the model left as it was",
              world_sizes=(1,))
 def refused(ctx):
+    """A checkpoint loaded with an optimizer over 2 of the model's 4 parameters: a
+    ValueError, and the model's weights left as they were."""
     folder = _folder(ctx)
     model = _model()
     opt = _optimizer(model)
@@ -214,6 +216,8 @@ def refused(ctx):
 
 @grader.case("checkpoints of steps 9 and 10 in one folder: step 10 loads", world_sizes=(1,))
 def latest(ctx):
+    """Checkpoints of steps 9 and 10 in one folder: step 10's loads (as text "step-10" sorts
+    before "step-9")."""
     folder = _folder(ctx)
     model = _model()
     opt = _optimizer(model)
