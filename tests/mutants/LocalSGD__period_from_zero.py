@@ -10,6 +10,7 @@ from dist_sgd.beyond.local_sgd import _parameters
 
 
 CAUGHT_BY = "period 2 after warmup_steps 3, 8 steps: torch's weights on every rank"
+HINT = "no averaging during the first warmup_steps"
 
 
 def average_parameters(params, group=None):

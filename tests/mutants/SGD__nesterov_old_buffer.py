@@ -6,6 +6,7 @@ from dist_sgd.sgd.optim import _check
 
 
 CAUGHT_BY = "Nesterov momentum 0.9, 4 steps"
+HINT = "with nesterov=True the step is g + momentum *"
 
 
 class SGD(torch.optim.Optimizer):

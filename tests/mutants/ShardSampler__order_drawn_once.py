@@ -9,6 +9,7 @@ from dist_sgd.sgd.partition import _group_default
 
 
 CAUGHT_BY = "set_epoch(1): a new order, every rank the same one"
+HINT = "set_epoch(epoch) must change the order: seed"
 
 
 class ShardSampler(Sampler):

@@ -9,6 +9,7 @@ from dist_sgd.sgd.partition import _group_default
 
 
 CAUGHT_BY = "padding: n = 11 and n smaller than the world size"
+HINT = "without drop_last pad the order up to"
 
 
 class ShardSampler(Sampler):

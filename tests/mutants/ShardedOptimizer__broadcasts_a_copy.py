@@ -10,6 +10,7 @@ from dist_sgd.shard.zero import COLLECTIVES, SCHEMES, _check_rank, partition, wi
 
 
 CAUGHT_BY = "3 Adam steps: plain Adam's weights on one process, on every rank"
+HINT = "after its own step, each parameter must reach"
 
 
 class ShardedOptimizer(torch.optim.Optimizer):

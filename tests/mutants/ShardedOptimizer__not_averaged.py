@@ -10,6 +10,7 @@ from dist_sgd.shard.zero import COLLECTIVES, SCHEMES, _check_rank, partition, wi
 
 
 CAUGHT_BY = "3 Adam steps: plain Adam's weights on one process, on every rank"
+HINT = "the ranks agree, but not with one process"
 
 
 class ShardedOptimizer(torch.optim.Optimizer):

@@ -11,6 +11,7 @@ from dist_sgd.shard.zero import COLLECTIVES, SCHEMES, _check_rank, partition, wi
 
 
 CAUGHT_BY = "two parameter groups with their own lr and weight decay: plain Adam's weights"
+HINT = "one local group per group"
 
 
 class ShardedOptimizer(torch.optim.Optimizer):

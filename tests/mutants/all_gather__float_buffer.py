@@ -7,6 +7,7 @@ from dist_sgd.comm.collectives import _check_list, _check_tensor
 from dist_sgd.plumbing.rank import world
 
 CAUGHT_BY = "a 2 x 3 int64 tensor per rank (entries keep shape and dtype)"
+HINT = "disagree on a message's size"
 
 
 def all_gather(tensor_list, tensor):

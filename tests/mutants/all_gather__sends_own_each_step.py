@@ -6,6 +6,7 @@ from dist_sgd.comm.collectives import _check_list, _check_tensor
 from dist_sgd.plumbing.rank import world
 
 CAUGHT_BY = "n = 7 float32 numbers per rank"
+HINT = "at step s the tensor arriving from the left is"
 
 
 def all_gather(tensor_list, tensor):

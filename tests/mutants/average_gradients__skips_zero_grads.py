@@ -5,6 +5,7 @@ sums, or a wait forever). Every rank must make the same calls, whatever its valu
 import torch.distributed as dist
 
 CAUGHT_BY = "a gradient all zeros on rank 0 only (a dead ReLU there): still averaged"
+HINT = "disagree on a message's size"
 
 
 def average_gradients(model, flat=False, all_reduce=None):

@@ -7,6 +7,7 @@ from dist_sgd.comm.collectives import _check_rank, _check_tensor
 from dist_sgd.plumbing.rank import world
 
 CAUGHT_BY = "a 3 x 5 int64 tensor from src = 1 (src = 0 at p = 1)"
+HINT = "disagree on a message's size"
 
 
 def broadcast(tensor, src):

@@ -8,6 +8,7 @@ from dist_sgd.comm.collectives import _check_rank, _check_tensor
 from dist_sgd.plumbing.rank import world
 
 CAUGHT_BY = "n = 1001 float32 numbers from src = p - 1"
+HINT = "this rank still holds its own values"
 
 
 def broadcast(tensor, src):

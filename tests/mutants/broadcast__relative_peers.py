@@ -7,6 +7,7 @@ from dist_sgd.comm.collectives import _check_rank, _check_tensor
 from dist_sgd.plumbing.rank import world
 
 CAUGHT_BY = "n = 1001 float32 numbers from src = p - 1"
+HINT = "a rank sent to (or received from) itself"
 
 
 def broadcast(tensor, src):

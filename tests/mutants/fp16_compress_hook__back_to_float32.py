@@ -7,6 +7,7 @@ from dist_sgd.ddp.compress import _group
 
 
 CAUGHT_BY = "the hook's result: the averaged bucket in its own dtype and shape"
+HINT = "decompress: copy the float16 sum back into"
 
 
 def fp16_compress_hook(process_group, bucket):

@@ -7,6 +7,7 @@ from dist_sgd.ddp.compress import _group
 
 
 CAUGHT_BY = "what the hook all-reduces: float16, half the bucket's bytes"
+HINT = "cast to float16 before the all-reduce and back"
 
 
 def fp16_compress_hook(process_group, bucket):

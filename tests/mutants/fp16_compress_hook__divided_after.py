@@ -7,6 +7,7 @@ from dist_sgd.ddp.compress import _group
 
 
 CAUGHT_BY = "3 steps on torch's DDP: torch's fp16_compress_hook's gradients, bit for bit"
+HINT = "divide the float16 copy by the world size, then"
 
 
 def fp16_compress_hook(process_group, bucket):

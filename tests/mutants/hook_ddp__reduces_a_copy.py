@@ -10,6 +10,7 @@ from dist_sgd.sgd.sync import broadcast_parameters
 
 
 CAUGHT_BY = "one backward: every gradient averaged when backward() returns, rank 0 late"
+HINT = "backward() must return with every gradient"
 
 
 class HookDDP(nn.Module):

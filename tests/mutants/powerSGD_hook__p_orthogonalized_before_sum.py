@@ -11,6 +11,7 @@ from dist_sgd.ddp.compress import (_completing, _group, allreduce_hook, orthogon
 
 
 CAUGHT_BY = "rank 1 with error feedback and warm start: torch's gradients, 5 steps"
+HINT = "the first compressed step: P = M Q, the P's"
 
 
 def powerSGD_hook(state, bucket):

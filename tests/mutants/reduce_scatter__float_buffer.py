@@ -7,6 +7,7 @@ from dist_sgd.comm.collectives import _check_list, _check_tensor
 from dist_sgd.plumbing.rank import world
 
 CAUGHT_BY = "2 x 3 int64 entries (exact sums, shape and dtype kept)"
+HINT = "disagree on a message's size"
 
 
 def reduce_scatter(output, input_list):

@@ -6,6 +6,7 @@ from dist_sgd.comm.collectives import _check_list, _check_tensor
 from dist_sgd.plumbing.rank import world
 
 CAUGHT_BY = "entries of n = 5 float64 numbers"
+HINT = "at step s send entry (r - s - 1) % p and add"
 
 
 def reduce_scatter(output, input_list):

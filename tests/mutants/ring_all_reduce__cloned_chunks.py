@@ -5,6 +5,7 @@ import torch
 import torch.distributed as dist
 
 CAUGHT_BY = "n = 10007 float32 numbers (p does not divide n)"
+HINT = "this rank still holds its own values"
 
 
 def ring_all_reduce(x):

@@ -5,6 +5,7 @@ import torch
 import torch.distributed as dist
 
 CAUGHT_BY = "131072 int64 numbers (1 MiB a message: too big for any send to be buffered)"
+HINT = "disagree on a message's size"
 
 
 def ring_sum(tensor):

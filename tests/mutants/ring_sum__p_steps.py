@@ -4,6 +4,7 @@ import torch
 import torch.distributed as dist
 
 CAUGHT_BY = "a 3 x 5 float32 tensor: the sum against dist.all_reduce"
+HINT = "pass on exactly what arrived, in a buffer of"
 
 
 def ring_sum(tensor):

@@ -20,6 +20,7 @@ from dist_sgd.faults.checkpoint import (LATEST, RESEEDED, RESTORED, _atomic_save
 
 
 CAUGHT_BY = "each rank's own random generators come back"
+HINT = "dropout, the data and the jitter come from"
 
 
 def save_checkpoint(ckpt_dir, step, model, optimizer=None, items=None, sampler_state=None,

@@ -59,7 +59,7 @@ def _train(ctx, groups=lambda model: model.parameters()):
 def _expect_plain(ctx, plain, mine, hints=()):
     for (name, p), q in zip(mine.named_parameters(), plain.parameters()):
         ctx.expect_close(p.detach(), q.detach(), f"{name} after {STEPS} steps", atol=1e-9,
-                         rtol=1e-7, hints=list(hints) + [
+                         rtol=1e-7, hints=list(hints) or [
                              "after its own step, each parameter must reach every rank from "
                              "its owner (the one rank that stepped it): broadcast(p, src=owner)",
                              "every gradient is averaged over the ranks before the step"])
