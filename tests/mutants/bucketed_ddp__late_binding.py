@@ -15,7 +15,7 @@ from dist_sgd.ddp.bucketed import Bucket, MiB, _all_reduce, assign_buckets
 
 
 CAUGHT_BY = "a hook with two collectives; at step 1 only rank 0 uses a layer: buckets launched together, in order"
-HINT = "disagree on a message's size"
+HINT = "a lambda made in a loop sees the loop's variable"
 
 
 class BucketedDDP(nn.Module):

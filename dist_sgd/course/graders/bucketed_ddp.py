@@ -157,11 +157,19 @@ def two_collectives(ctx):
     # makes the ranks issue the same collectives in the same order. The hook issues a second
     # collective once its first is done (as PowerSGD does): the next bucket may start only
     # once this one's Future is done (in_order(..., later=True)).
-    p, state = ctx.world_size, {"last": None, "early": 0}
+    p, state = ctx.world_size, {"last": None, "early": 0, "next": 0, "wrong": []}
 
     def reduce(bucket):
+        # What this hook is asked breaks no rank: it reduces the bucket that is next in order
+        # once the one before is done, and notes what it was asked instead (noted: reported).
         if state["last"] is not None and not state["last"].done():
             state["early"] += 1
+            state["last"].wait()  # the peers' collectives stay paired: ours in order too
+        want = mine.buckets[state["next"]]
+        if bucket is not want:
+            state["wrong"].append((bucket.index, want.index))
+            bucket = want
+        state["next"] = (state["next"] + 1) % len(mine.buckets)
         flat, out = bucket.flat.div_(p), torch.futures.Future()
 
         def second(_):
@@ -189,6 +197,12 @@ def two_collectives(ctx):
             for r, s in enumerate(part)).div(p).backward()
         want.append(_grads(ref))
         opt.step()
+    ctx.expect(not state["wrong"], "the hook was asked to reduce bucket(s) "
+               f"{[w for w, _ in state['wrong']]} where {[n for _, n in state['wrong']]} "
+               "came next in bucket order", [
+                   "launch strictly in bucket order, each bucket its own: a lambda made in a "
+                   "loop sees the loop's variable as it is when it runs (lambda b=bucket: ... "
+                   "keeps this one)"])
     ctx.expect(state["early"] == 0, f"{state['early']} bucket(s) started while the bucket "
                "before was still in its hook (its Future not done)", [
                    "a communication hook may issue more collectives until its Future is done: "

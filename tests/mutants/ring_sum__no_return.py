@@ -1,15 +1,16 @@
-"""The neighbours as rank + 1 and rank - 1, without % p: rank 0's left neighbour is -1 and
-the last rank's right one is p, ranks that do not exist. The ring wraps around: rank 0
-receives from rank p - 1, and rank p - 1 sends to rank 0."""
+"""Computes the total and never returns it: the sum is there, in a local variable, and the
+caller gets None. ring_sum returns the sum, a new tensor; the caller's tensor is left as it
+was (unlike torch's in-place all_reduce)."""
 import torch
 import torch.distributed as dist
 
 CAUGHT_BY = "a 3 x 5 float32 tensor: the sum against dist.all_reduce"
+HINT = "return the total: a new tensor holding the sum"
 
 
 def ring_sum(tensor):
     rank, size = dist.get_rank(), dist.get_world_size()
-    right, left = rank + 1, rank - 1
+    right, left = (rank + 1) % size, (rank - 1) % size
     total, travelling = tensor.clone(), tensor
     for _ in range(size - 1):
         arrived = torch.empty_like(tensor)
@@ -21,4 +22,3 @@ def ring_sum(tensor):
             dist.send(travelling, right)
         total += arrived
         travelling = arrived
-    return total
