@@ -7,6 +7,7 @@ from dist_sgd.shard.fsdp import _Gather, itemsize
 
 
 CAUGHT_BY = "free() while the gather is in flight (rank 0 late): it waits for the gather first"
+HINT = "free(): wait for the gather in flight first"
 
 
 class _Unit:

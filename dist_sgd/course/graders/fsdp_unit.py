@@ -188,12 +188,14 @@ class _Watched(Counted):
     """torch's collectives, counted as FSDP's are; each all-gather's handle notes, when it is
     waited for, whether the unit's storages still held their bytes then."""
 
-    def __init__(self):
+    def __init__(self, landed=False):
         super().__init__("torch")
-        self.unit, self.waits = None, []
+        self.unit, self.waits, self.landed = None, [], landed
 
     def start(self, name, *args, count=True):
         work = super().start(name, *args, count=count)
+        if self.landed:  # one rank: nothing to wait for, and a free() that does not wait
+            work.wait()  # must fail on its line, not crash on where it freed
         return _Handle(work, self) if name == "all_gather" else work
 
 
@@ -211,7 +213,7 @@ def free_in_flight(ctx):
     """free() called while the unit's all-gathers are in flight, rank 0 late: every gather
     is waited for while the storages still hold their bytes, and the next gather brings the
     weight back."""
-    comm = _Watched()
+    comm = _Watched(landed=ctx.world_size == 1)
     unit, shards, full, _, _ = _unit(ctx, comm=comm)
     comm.unit = unit
     if ctx.rank == 0:
