@@ -57,6 +57,7 @@ MEASUREMENTS = {
     "netscale": "lesson 10: all-reduce on 2-16 emulated nodes at 100 Mbit/s, vs the model (root)",
     "nettrain": "lesson 10: weak scaling of a DDP step on 1-8 emulated nodes, vs the model (root)",
     "netaccuracy": "lesson 10: time and bytes to a test accuracy on 4 slow nodes (root)",
+    "large_batch": "lesson 18: test accuracy vs global batch, 5 lr recipes; noise scale, B_crit",
 }
 # Minutes each part takes on a quiet 2-core machine: (full size, --quick), then what its parts
 # on emulated nodes add as root (full, --quick). Rough: the first six took 321 s together, the
@@ -68,6 +69,7 @@ ESTIMATES = {
     "compress": ((2, 0.5), (3, 1)), "atscale": ((0.5, 0.2), (0, 0)), "zero": ((1, 0.3), (0, 0)),
     "beyond": ((5, 1), (0, 0)), "fsdp": ((0.5, 0.2), (1, 1)), "netscale": ((0, 0), (15, 2)),
     "nettrain": ((0, 0), (6, 1)), "netaccuracy": ((0, 0), (10, 1)),
+    "large_batch": ((15, 1), (0, 0)),
 }
 
 

@@ -1,0 +1,276 @@
+"""Lesson 18's figure: test accuracy against the global batch, five learning-rate recipes.
+
+The same model (an MLP, 784-128-10), the same number of epochs, the same data; only the global
+batch B and the learning-rate recipe change. Each rank keeps its batch of 64: B = k x 64 is k
+simulated ranks, run as k micro-batches accumulated in one process (lesson 18 proves that equal
+to k real ranks' average_gradients). Recipes, with base_lr tuned for batch 64:
+
+    none            lr = base_lr at every batch
+    sqrt            lr = base_lr x sqrt(B / 64)
+    linear          lr = base_lr x B / 64 from the first step (Goyal's linear scaling rule)
+    linear_warmup   the same peak, reached by Goyal's gradual warmup: from base_lr, rising every
+                    iteration for WARMUP_EPOCHS epochs
+    lars            LARS (dist_sgd/large_batch/lars.py), the linear_warmup schedule
+Every recipe then follows a cosine to 0 (torch's LinearLR, CosineAnnealingLR, SequentialLR).
+
+Along the way every run with k >= 2 estimates the gradient noise scale B_simple from the
+micro-batch gradients (batch 64) and their average (batch B), and the linear_warmup runs note
+the steps they needed to reach TARGET test accuracy (on 2,000 test images, checked 10 times an
+epoch): S(B), fitted to McCandlish's (S/S_min - 1)(E/E_min - 1) = 1 for B_crit = E_min / S_min.
+  -> large_batch.csv (one row per recipe, batch and seed), large_batch_noise.csv (B_simple over
+     training), large_batch.png
+Runs go two at a time (the machine's 2 cores), one thread each.
+"""
+import concurrent.futures
+import math
+import multiprocessing
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from dist_sgd.large_batch.curve import accuracy_table, fit_steps, flat_range, width
+from dist_sgd.large_batch.lars import LARS
+from dist_sgd.large_batch.noise import NoiseScale
+from dist_sgd.plumbing.figures import figure_path, read_csv, write_csv
+from dist_sgd.sgd.data import LABELS, get_dataset
+from dist_sgd.sgd.models import MLP
+
+NAME = "large_batch"
+RECIPES = ("none", "sqrt", "linear", "linear_warmup", "lars")
+BASE_BATCH = RANK_BATCH = 64  # base_lr's batch, and each simulated rank's batch
+BASE_LR, MOMENTUM, HIDDEN = 0.05, 0.9, 128
+TRUST = 0.02  # LARS's trust coefficient: its steps are ~ lr x TRUST x |w| per layer
+WARMUP_EPOCHS = 1
+TARGET = {"fashion-mnist": 0.84, "mnist": 0.96, "synthetic": 0.5}
+EVALS_PER_EPOCH, EVAL_ITEMS = 10, 2000
+NOISE_PER_EPOCH, CHUNK = 20, 1024  # noise-scale steps per epoch; items per forward
+_DATA = {}
+
+
+def settings(quick):
+    if quick:
+        return {"batches": (32, 64, 256, 1024), "seeds": (0,), "epochs": 2,
+                "train_items": 6000, "recipes": RECIPES}
+    return {"batches": tuple(2 ** i for i in range(5, 14)), "seeds": (0, 1), "epochs": 8,
+            "train_items": None, "recipes": RECIPES}
+
+
+def peak_lr(recipe, batch):
+    k = batch / BASE_BATCH
+    return BASE_LR * {"none": 1.0, "sqrt": math.sqrt(k)}.get(recipe, k)
+
+
+def _data(train_items):
+    if train_items not in _DATA:
+        train, test = get_dataset("auto", quiet=True), get_dataset("auto", train=False, quiet=True)
+        x, y = train.tensors
+        _DATA[train_items] = (train.name, x[:train_items], y[:train_items], *test.tensors)
+    return _DATA[train_items]
+
+
+def train_one(recipe, batch, seed, epochs, train_items=None):
+    """One run: a row for the CSV, and B_simple's trace."""
+    torch.set_num_threads(1)
+    name, x, y, test_x, test_y = _data(train_items)
+    torch.manual_seed(seed)
+    model = MLP(hidden=HIDDEN)
+    params = list(model.parameters())
+    lr = peak_lr(recipe, batch)
+    steps_per_epoch = len(x) // batch
+    total = epochs * steps_per_epoch
+    warm = WARMUP_EPOCHS * steps_per_epoch if recipe in ("linear_warmup", "lars") and \
+        batch > BASE_BATCH else 0
+    opt = LARS(params, lr, MOMENTUM, trust_coefficient=TRUST) if recipe == "lars" else \
+        torch.optim.SGD(params, lr, MOMENTUM)
+    decay = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total - warm)
+    sched = decay if not warm else torch.optim.lr_scheduler.SequentialLR(opt, [
+        torch.optim.lr_scheduler.LinearLR(opt, BASE_LR / lr, 1.0, total_iters=warm), decay],
+        milestones=[warm])
+    noise, trace, reached = NoiseScale(), [], None
+    every = max(1, steps_per_epoch // EVALS_PER_EPOCH)
+    noise_every = max(1, steps_per_epoch // NOISE_PER_EPOCH)
+    order_gen = torch.Generator().manual_seed(1000 + seed)
+    start, step = time.perf_counter(), 0
+    for epoch in range(epochs):
+        order = torch.randperm(len(x), generator=order_gen)
+        for s in range(steps_per_epoch):
+            idx = order[s * batch:(s + 1) * batch]
+            # Every noise_every-th step runs as k = B / 64 simulated ranks (micro-batches of
+            # 64) to measure the noise scale; the others in chunks of up to CHUNK items: the
+            # same gradient (accumulated, normalized by B), fewer Python steps.
+            ranks = batch > RANK_BATCH and step % noise_every == 0
+            micro = RANK_BATCH if ranks else min(batch, CHUNK)
+            acc, small_sq = [torch.zeros_like(p) for p in params], 0.0
+            for m in range(0, batch, micro):
+                part = idx[m:m + micro]
+                # normalized by the global batch (lesson 06's rule): the sum is the mean
+                loss = F.nll_loss(model(x[part]), y[part], reduction="sum") / batch
+                grads = torch.autograd.grad(loss, params)
+                if ranks:  # this rank's own mean-loss gradient is (B / 64) g
+                    small_sq += sum(float(g.square().sum()) for g in grads) * batch / micro
+                for a, g in zip(acc, grads):
+                    a.add_(g)
+            for p, a in zip(params, acc):
+                p.grad = a
+            if ranks:  # |G_small|^2 averaged over the k ranks (batch 64); |G_big|^2 (batch B)
+                noise.update(small_sq / (batch // micro),
+                             sum(float(a.square().sum()) for a in acc), micro, batch)
+            opt.step()
+            sched.step()
+            step += 1
+            if step % every == 0 or step == total:
+                correct = (model(test_x[:EVAL_ITEMS]).argmax(1) == test_y[:EVAL_ITEMS]).float()
+                if reached is None and correct.mean() >= TARGET[name]:
+                    reached = step
+                if batch > RANK_BATCH:
+                    trace.append({"recipe": recipe, "batch": batch, "seed": seed, "step": step,
+                                  "epoch": round(step / steps_per_epoch, 3),
+                                  "b_simple": round(noise.b_simple, 1)})
+        if not math.isfinite(loss.item()):
+            break  # diverged: the rest would be NaN too
+    with torch.no_grad():
+        accuracy = (model(test_x).argmax(1) == test_y).double().mean().item()
+    return {"recipe": recipe, "batch": batch, "seed": seed,
+            "test_accuracy": round(100 * accuracy, 2), "peak_lr": round(lr, 6),
+            "epochs": epochs, "steps": total, "warmup_steps": warm,
+            "steps_to_target": reached if reached is not None else "",
+            "target": TARGET[name],
+            "b_simple": round(noise.b_simple, 1) if batch > RANK_BATCH else "",
+            "seconds": round(time.perf_counter() - start, 1), "dataset": name}, trace
+
+
+def measure(quick):
+    cfg = settings(quick)
+    name = _data(cfg["train_items"])[0]
+    print(f"  data: {LABELS[name]}" + ("" if name != "synthetic" else
+          " (a synthetic stand-in: the curve means little on it)"), flush=True)
+    jobs = [(r, b, s) for b in sorted(cfg["batches"]) for r in cfg["recipes"]
+            for s in cfg["seeds"]]
+    rows, traces, start = [], [], time.perf_counter()
+    workers = min(2, os.cpu_count() or 1)
+    with concurrent.futures.ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(train_one, r, b, s, cfg["epochs"], cfg["train_items"])
+                   for r, b, s in jobs]
+        for i, f in enumerate(concurrent.futures.as_completed(futures), 1):
+            row, trace = f.result()
+            rows.append(row)
+            traces += trace
+            print(f"  [{i}/{len(jobs)}] {row['recipe']:13s} batch {row['batch']:5d} seed "
+                  f"{row['seed']}: {row['test_accuracy']:.2f}% ({row['seconds']:.0f} s; "
+                  f"{time.perf_counter() - start:.0f} s so far)", flush=True)
+    key = {r: i for i, r in enumerate(RECIPES)}
+    rows.sort(key=lambda r: (key[r["recipe"]], r["batch"], r["seed"]))
+    write_csv(NAME, rows, facts=f"{LABELS[name]}; MLP {HIDDEN} hidden, {cfg['epochs']} epochs, "
+              f"base lr {BASE_LR} at batch {BASE_BATCH}, momentum {MOMENTUM}; "
+              f"{_facts()}")
+    write_csv(NAME + "_noise", traces)
+    return rows
+
+
+def _facts():
+    from dist_sgd.plumbing.figures import machine_facts
+    return machine_facts()
+
+
+def load():
+    return read_csv(NAME)[0]
+
+
+def summary(rows):
+    """(table, {recipe: flat range}, (S_min, E_min) or None, median B_simple or None)."""
+    table = accuracy_table(rows)
+    spans = {r: flat_range(table, r) for r in RECIPES}
+    reached = {}
+    for r in rows:
+        if r["recipe"] == "linear_warmup" and r["steps_to_target"] not in ("", None):
+            reached.setdefault(int(r["batch"]), []).append(float(r["steps_to_target"]))
+    fit = None
+    if len(reached) >= 2:
+        batches = sorted(reached)
+        fit = fit_steps(batches, [sum(reached[b]) / len(reached[b]) for b in batches])
+    noise = sorted(float(r["b_simple"]) for r in rows if r["recipe"] == "linear_warmup" and
+                   r["b_simple"] not in ("", None) and math.isfinite(float(r["b_simple"])))
+    return table, spans, fit, (noise[len(noise) // 2] if noise else None)
+
+
+def report(rows):
+    table, spans, fit, b_simple = summary(rows)
+    batches = sorted({int(r["batch"]) for r in rows})
+    print("  test accuracy (%), mean over seeds [min, max]:")
+    print("  " + "batch".rjust(14) + "".join(f"{b:>8d}" for b in batches))
+    for recipe in RECIPES:
+        cells = [f"{table[recipe, b][0]:8.2f}" if (recipe, b) in table else " " * 8
+                 for b in batches]
+        print(f"  {recipe:>14s}" + "".join(cells))
+    for recipe in RECIPES:
+        span = spans[recipe]
+        if span:
+            print(f"  {recipe:13s} within 1 point of batch 64: batch {span[0]}-{span[1]} "
+                  f"({width(span):.0f}x wide)")
+    if spans.get("linear_warmup") and spans.get("linear") and spans.get("none"):
+        w = width(spans["linear_warmup"])
+        print(f"  linear_warmup's range is {w / width(spans['linear']):.0f}x linear's and "
+              f"{w / width(spans['none']):.0f}x none's")
+    if fit:
+        s_min, e_min = fit
+        print(f"  steps to the target (linear_warmup): S_min {s_min:.0f}, E_min {e_min:.0f}, "
+              f"B_crit = E_min / S_min = {e_min / s_min:.0f}")
+    if b_simple:
+        print(f"  gradient noise scale B_simple (median of linear_warmup's runs) {b_simple:.0f}")
+
+
+def draw():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows, facts = read_csv(NAME)
+    table, spans, fit, b_simple = summary(rows)
+    fig, (ax, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.5))
+    for recipe in RECIPES:
+        bs = sorted(b for r, b in table if r == recipe)
+        mean = [table[recipe, b][0] for b in bs]
+        err = [[m - table[recipe, b][1] for m, b in zip(mean, bs)],
+               [table[recipe, b][2] - m for m, b in zip(mean, bs)]]
+        ax.errorbar(bs, mean, yerr=err, marker="o", capsize=3, label=recipe)
+    top = max(v[0] for v in table.values())
+    if b_simple:
+        ax.axvline(b_simple, color="gray", ls="--", label=f"B_simple ~ {b_simple:.0f}")
+    if fit:
+        ax.axvline(fit[1] / fit[0], color="gray", ls=":", label=f"B_crit ~ {fit[1] / fit[0]:.0f}")
+    ax.set(xscale="log", xlabel="global batch", ylabel="test accuracy (%)",
+           ylim=(max(0, top - 25), top + 2), title="same epochs, bigger batch")
+    ax.set_xscale("log", base=2)
+    ax.legend(fontsize=8)
+    warm = [r for r in rows if r["recipe"] == "linear_warmup" and r["steps_to_target"] != ""]
+    if warm:
+        ax2.plot([r["batch"] for r in warm], [r["steps_to_target"] for r in warm], "o",
+                 label="linear_warmup runs")
+        if fit:
+            grid = sorted({int(r["batch"]) for r in warm})
+            ax2.plot(grid, [fit[0] + fit[1] / b for b in grid], "-",
+                     label=f"S_min + E_min / B: S_min {fit[0]:.0f}, E_min {fit[1]:.0f}")
+        ax2.set(xscale="log", yscale="log", xlabel="global batch",
+                ylabel=f"steps to {100 * warm[0]['target']:.0f}% test accuracy",
+                title="steps to a target")
+        ax2.set_xscale("log", base=2)
+        ax2.legend(fontsize=8)
+    try:
+        noise = read_csv(NAME + "_noise")[0]
+    except FileNotFoundError:
+        noise = []
+    for batch in sorted({r["batch"] for r in noise if r["recipe"] == "linear_warmup"}):
+        pts = [r for r in noise if r["batch"] == batch and r["seed"] == 0 and
+               r["recipe"] == "linear_warmup" and math.isfinite(float(r["b_simple"]))]
+        ax3.plot([r["epoch"] for r in pts], [r["b_simple"] for r in pts], label=f"B = {batch}")
+    ax3.set(xlabel="epoch", ylabel="B_simple (moving average)", yscale="log",
+            title="gradient noise scale during training")
+    if noise:
+        ax3.legend(fontsize=7, ncol=2)
+    fig.suptitle(facts.split(";")[0], fontsize=9)
+    fig.tight_layout()
+    path = figure_path(NAME + ".png")
+    fig.savefig(path, dpi=110)
+    return [path]
