@@ -34,9 +34,10 @@ Run:
 Exercises:
   1. In part 1 drop the `/ k` of the accumulated losses: which check fails, by how much?
   2. Part 2 at --world-size 2 and 4: is B_simple the same? Which estimate is noisier, and why?
-  3. Write the warmup: lr_at in dist_sgd/large_batch/schedule.py against torch's chain (its
-     test is tests/test_large_batch.py); then `python3 -m dist_sgd.course start LARS`,
-     `... start noise_scale` and `... start SyncBatchNorm`.
+  3. Write the pieces yourself, each graded against torch's or its definition:
+     `python3 -m dist_sgd.course start warmup_schedule` (then `check warmup_schedule`), and
+     `python3 -m dist_sgd.course start LARS`, `... course start noise_scale`,
+     `... course start SyncBatchNorm`.
 """
 import copy
 import statistics

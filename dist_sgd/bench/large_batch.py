@@ -192,7 +192,7 @@ def summary(rows):
         batches = sorted(reached)
         fit = fit_steps(batches, [sum(reached[b]) / len(reached[b]) for b in batches])
     noise = sorted(float(r["b_simple"]) for r in rows if r["recipe"] == "linear_warmup" and
-                   r["b_simple"] not in ("", None) and math.isfinite(float(r["b_simple"])))
+                   r["b_simple"] not in ("", None) and 0 < float(r["b_simple"]) < math.inf)
     return table, spans, fit, (noise[len(noise) // 2] if noise else None)
 
 
@@ -263,7 +263,7 @@ def draw():
         noise = []
     for batch in sorted({r["batch"] for r in noise if r["recipe"] == "linear_warmup"}):
         pts = [r for r in noise if r["batch"] == batch and r["seed"] == 0 and
-               r["recipe"] == "linear_warmup" and math.isfinite(float(r["b_simple"]))]
+               r["recipe"] == "linear_warmup" and 0 < float(r["b_simple"]) < math.inf]
         ax3.plot([r["epoch"] for r in pts], [r["b_simple"] for r in pts], label=f"B = {batch}")
     ax3.set(xlabel="epoch", ylabel="B_simple (moving average)", yscale="log",
             title="gradient noise scale during training")
