@@ -40,7 +40,6 @@ Exercises:
      `... course start SyncBatchNorm`.
 """
 import copy
-import statistics
 import time
 
 import torch
@@ -48,7 +47,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dist_sgd.large_batch.curve import accuracy_table, fit_steps, flat_range, width
+from dist_sgd.large_batch.curve import summary, width
 from dist_sgd.large_batch.noise import NoiseScale
 from dist_sgd.large_batch.syncbn import SyncBatchNorm
 from dist_sgd.plumbing.check import check, max_diff
@@ -134,9 +133,9 @@ def run(rank, k, args):
         nn.SyncBatchNorm(6).double()(mine)
     except ValueError as e:
         log(f"   torch.nn.SyncBatchNorm on CPU: {e}")
-    start = time.perf_counter()
+    model, start = MLP(HIDDEN), time.perf_counter()
     for _ in range(20):
-        sgd_step(MLP(HIDDEN), [(x[:64], y[:64])], LR)
+        sgd_step(model, [(x[:64], y[:64])], LR)
     return (time.perf_counter() - start) / 20  # one step of batch 64 here: part 5's compute
 
 
@@ -146,21 +145,21 @@ def curve(step_s):
     except FileNotFoundError:
         return log("\n4-5. the curve is not measured here yet: python -m dist_sgd.bench "
                    "large_batch --save-figures")
-    table = accuracy_table(rows)
+    table, spans, fit, b_simple = summary(rows)
     batches = sorted({b for _, b in table})
     log(f"\n4. test accuracy (%), mean of the seeds, {facts.split(';')[0]} (figures/large_"
-        "batch.csv)\n   " + "batch".rjust(13) + "".join(f"{b:>7d}" for b in batches))
+        "batch.csv)\n   " + "batch".rjust(13) + "".join(f"{b:>6d}" for b in batches) +
+        "   within 1 point of batch 64")
     for recipe in ("none", "sqrt", "linear", "linear_warmup", "lars"):
-        log(f"   {recipe:>13s}" + "".join(f"{table[recipe, b][0]:7.1f}" for b in batches))
-        lo, hi = flat_range(table, recipe)
-        log(f"   {'':13s} within 1 point of batch 64 from {lo} to {hi} ({width((lo, hi)):.0f}x)")
-    log("   Goyal, ResNet-50 top-1 error: " + ", ".join(f"{b}: {e}%" for b, e in GOYAL.items()))
-    reached = [(r["batch"], r["steps_to_target"]) for r in rows
-               if r["recipe"] == "linear_warmup" and r["steps_to_target"] != ""]
-    s_min, e_min = fit_steps(*zip(*reached))
-    noise = statistics.median(r["b_simple"] for r in rows if r["b_simple"] != "")
+        log(f"   {recipe:>13s}" + "".join(f"{table[recipe, b][0]:6.1f}" for b in batches) +
+            f"   {spans[recipe][0]}-{spans[recipe][1]} ({width(spans[recipe]):.0f}x wide)")
+    log("   Goyal, ResNet-50 top-1 error: " + ", ".join(f"{b}: {e}%" for b, e in GOYAL.items()) +
+        "\n   (flat to 8k = 32x the base batch with warmup, then rising)")
+    if fit is None:
+        return log("   fewer than 2 batch sizes reached the target: no fit of S(B)")
+    s_min, e_min = fit
     log(f"   steps to the target: S_min {s_min:.0f}, E_min {e_min:.0f}, B_crit "
-        f"{e_min / s_min:.0f}; B_simple (median over runs) {noise:.0f}")
+        f"{e_min / s_min:.0f}; B_simple (median over runs) {b_simple or float('nan'):.0f}")
     net = link(10, 20)  # a 10 Gbit/s network, 20 us a message: (alpha, beta)
     nbytes = 4 * sum(p.numel() for p in MLP(HIDDEN).parameters())
     log(f"\n5. time to the target: S(64 k) steps x a step (batch 64 computes {1e3 * step_s:.1f}"

@@ -30,7 +30,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from dist_sgd.large_batch.curve import accuracy_table, fit_steps, flat_range, width
+from dist_sgd.large_batch.curve import RECIPES, summary, width
 from dist_sgd.large_batch.lars import LARS
 from dist_sgd.large_batch.noise import NoiseScale
 from dist_sgd.plumbing.figures import figure_path, read_csv, write_csv
@@ -38,7 +38,6 @@ from dist_sgd.sgd.data import LABELS, get_dataset
 from dist_sgd.sgd.models import MLP
 
 NAME = "large_batch"
-RECIPES = ("none", "sqrt", "linear", "linear_warmup", "lars")
 BASE_BATCH = RANK_BATCH = 64  # base_lr's batch, and each simulated rank's batch
 BASE_LR, MOMENTUM, HIDDEN = 0.05, 0.9, 128
 TRUST = 0.02  # LARS's trust coefficient: its steps are ~ lr x TRUST x |w| per layer
@@ -177,23 +176,6 @@ def _facts():
 
 def load():
     return read_csv(NAME)[0]
-
-
-def summary(rows):
-    """(table, {recipe: flat range}, (S_min, E_min) or None, median B_simple or None)."""
-    table = accuracy_table(rows)
-    spans = {r: flat_range(table, r) for r in RECIPES}
-    reached = {}
-    for r in rows:
-        if r["recipe"] == "linear_warmup" and r["steps_to_target"] not in ("", None):
-            reached.setdefault(int(r["batch"]), []).append(float(r["steps_to_target"]))
-    fit = None
-    if len(reached) >= 2:
-        batches = sorted(reached)
-        fit = fit_steps(batches, [sum(reached[b]) / len(reached[b]) for b in batches])
-    noise = sorted(float(r["b_simple"]) for r in rows if r["recipe"] == "linear_warmup" and
-                   r["b_simple"] not in ("", None) and 0 < float(r["b_simple"]) < math.inf)
-    return table, spans, fit, (noise[len(noise) // 2] if noise else None)
 
 
 def report(rows):

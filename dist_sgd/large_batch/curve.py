@@ -3,6 +3,7 @@
     table = accuracy_table(rows)        # {(recipe, batch): (mean, low, high)} over seeds
     low, high = flat_range(table, "linear_warmup")   # batches within 1 point of batch 64's
     s_min, e_min = fit_steps(batches, steps)         # McCandlish's (S/S_min-1)(E/E_min-1) = 1
+    table, spans, fit, b_simple = summary(rows)      # all of it, as the benchmark reports it
 
 rows are dicts with recipe, batch, seed, test_accuracy (percent) and, where a target was
 reached, steps_to_target (figures/large_batch.csv).
@@ -11,6 +12,7 @@ import math
 import statistics
 
 REFERENCE_BATCH, TOLERANCE = 64, 1.0  # "flat": within 1 percentage point of batch 64's mean
+RECIPES = ("none", "sqrt", "linear", "linear_warmup", "lars")
 
 
 def accuracy_table(rows):
@@ -54,3 +56,24 @@ def fit_steps(batches, steps):
     sxx = sum((x - mx) ** 2 for x, _ in pairs)
     e_min = sum((x - mx) * (y - my) for x, y in pairs) / sxx
     return my - e_min * mx, e_min
+
+
+def summary(rows):
+    """(table, {recipe: flat range}, (S_min, E_min) or None, B_simple or None).
+
+    The fit takes linear_warmup's steps to the target (the mean over seeds per batch);
+    B_simple is the median of linear_warmup's runs' final estimates (moving averages; a run
+    whose average of |G|^2 never rose above 0 has none)."""
+    table = accuracy_table(rows)
+    spans = {r: flat_range(table, r) for r in RECIPES}
+    reached = {}
+    for r in rows:
+        if r["recipe"] == "linear_warmup" and r["steps_to_target"] not in ("", None):
+            reached.setdefault(int(r["batch"]), []).append(float(r["steps_to_target"]))
+    fit = None
+    if len(reached) >= 2:
+        batches = sorted(reached)
+        fit = fit_steps(batches, [sum(reached[b]) / len(reached[b]) for b in batches])
+    noise = sorted(float(r["b_simple"]) for r in rows if r["recipe"] == "linear_warmup" and
+                   r["b_simple"] not in ("", None) and 0 < float(r["b_simple"]) < math.inf)
+    return table, spans, fit, (noise[len(noise) // 2] if noise else None)
