@@ -344,3 +344,12 @@ def test_syncbn_without_a_group_is_batchnorm():
         ours(torch.ones(3))
     with pytest.raises(TypeError, match="process_group"):
         SyncBatchNorm(3, process_group=object())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="needs 2 GPUs (torch's SyncBatchNorm runs on GPUs only)")
+def test_syncbn_equals_torchs_on_two_gpus_nccl():
+    from test_gpu import _syncbn_against_torchs
+    results = launch(_syncbn_against_torchs, 2, None, backend="nccl")
+    assert max(results) < 1e-5, results
