@@ -46,7 +46,7 @@ BASE_LR, MOMENTUM, HIDDEN = 0.02, 0.9, 128
 # LARS's own base rate and trust coefficient: a step of lr x TRUST x |w| per layer (0.1% of
 # |w| at batch 64); biases take lr x g
 LARS_LR, TRUST = 0.05, 0.02
-WARMUP_EPOCHS = 2
+EPOCHS, WARMUP_EPOCHS = 8, 2
 TARGET = {"fashion-mnist": 0.84, "mnist": 0.96, "synthetic": 0.5}
 EVALS_PER_EPOCH, EVAL_ITEMS = 10, 2000
 NOISE_PER_EPOCH, CHUNK = 20, 1024  # noise-scale steps per epoch; items per forward
@@ -55,10 +55,10 @@ _DATA = {}
 
 def settings(quick):
     if quick:
-        return {"batches": (32, 64, 256, 1024), "seeds": (0,), "epochs": 2,
+        return {"batches": (32, 64, 256, 1024), "seeds": (0,), "epochs": 2, "warmup": 0.5,
                 "train_items": 6000, "recipes": RECIPES}
-    return {"batches": tuple(2 ** i for i in range(5, 14)), "seeds": (0, 1), "epochs": 8,
-            "train_items": None, "recipes": RECIPES}
+    return {"batches": tuple(2 ** i for i in range(5, 14)), "seeds": (0, 1), "epochs": EPOCHS,
+            "warmup": WARMUP_EPOCHS, "train_items": None, "recipes": RECIPES}
 
 
 def base_lr(recipe):
@@ -78,7 +78,7 @@ def _data(train_items):
     return _DATA[train_items]
 
 
-def train_one(recipe, batch, seed, epochs, train_items=None):
+def train_one(recipe, batch, seed, epochs, train_items=None, warmup_epochs=WARMUP_EPOCHS):
     """One run: a row for the CSV, and B_simple's trace."""
     torch.set_num_threads(1)
     name, x, y, test_x, test_y = _data(train_items)
@@ -88,7 +88,7 @@ def train_one(recipe, batch, seed, epochs, train_items=None):
     lr = peak_lr(recipe, batch)
     steps_per_epoch = len(x) // batch
     total = epochs * steps_per_epoch
-    warm = WARMUP_EPOCHS * steps_per_epoch if recipe in ("linear_warmup", "lars") and \
+    warm = int(warmup_epochs * steps_per_epoch) if recipe in ("linear_warmup", "lars") and \
         batch > BASE_BATCH else 0
     opt = LARS(params, lr, MOMENTUM, trust_coefficient=TRUST) if recipe == "lars" else \
         torch.optim.SGD(params, lr, MOMENTUM)
@@ -160,7 +160,8 @@ def measure(quick):
     workers = min(2, os.cpu_count() or 1)
     with concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(train_one, r, b, s, cfg["epochs"], cfg["train_items"])
+        futures = [pool.submit(train_one, r, b, s, cfg["epochs"], cfg["train_items"],
+                               cfg["warmup"])
                    for r, b, s in jobs]
         for i, f in enumerate(concurrent.futures.as_completed(futures), 1):
             row, trace = f.result()
@@ -243,7 +244,10 @@ def draw():
     ax.set_xscale("log", base=2)
     ax.legend(fontsize=8)
     warm = [r for r in rows if r["recipe"] == "linear_warmup" and r["steps_to_target"] != ""]
-    if warm:
+    if not warm:
+        ax2.text(0.5, 0.5, "no linear_warmup run reached the target", ha="center",
+                 transform=ax2.transAxes)
+    else:
         ax2.plot([r["batch"] for r in warm], [r["steps_to_target"] for r in warm], "o",
                  label="linear_warmup runs")
         if fit:
