@@ -20,9 +20,9 @@ on the global batch would.
 torch.nn.SyncBatchNorm refuses CPU tensors ("expected input tensor to be on GPU"): this one
 is what a CPU (gloo) user can run. Same arguments, and `SyncBatchNorm.convert_sync_batchnorm
 (module)` swaps every BatchNorm of a model for it, as torch's does. Outside a process group, in
-eval mode or at world size 1 it is plain BatchNorm. Equal to BatchNorm on the global batch in
-one process (outputs, gradients, running statistics, uneven local batches) and to torch's
-SyncBatchNorm on a GPU: tests/test_large_batch.py and tests/test_gpu.py.
+eval mode or at world size 1 it is plain BatchNorm, as torch's is. Equal to BatchNorm on the
+global batch in one process (outputs, gradients, running statistics, uneven local batches) and
+to torch's SyncBatchNorm on a GPU: tests/test_large_batch.py and tests/test_gpu.py.
 """
 import torch
 import torch.distributed as dist
@@ -109,10 +109,11 @@ class SyncBatchNorm(_BatchNorm):
         if x.shape[1] != self.num_features:
             raise ValueError(f"SyncBatchNorm({self.num_features}): input has {x.shape[1]} "
                              "channels")
-        use_batch = self.training or not self.track_running_stats
-        synced = use_batch and dist.is_available() and dist.is_initialized() and \
+        # As torch's: only training synchronizes (in eval, without running statistics, each
+        # rank normalizes with its own batch's)
+        synced = self.training and dist.is_available() and dist.is_initialized() and \
             dist.get_world_size() > 1
-        if not synced:  # one process, or eval with running statistics: BatchNorm itself
+        if not synced:  # one process, or eval: BatchNorm itself
             return super().forward(x)
         momentum = self.momentum
         if self.training and self.track_running_stats:
