@@ -159,7 +159,7 @@ def curve(step_s):
         return log("   fewer than 2 batch sizes reached the target: no fit of S(B)")
     s_min, e_min = fit
     log(f"   steps to the target: S_min {s_min:.0f}, E_min {e_min:.0f}, B_crit "
-        f"{e_min / s_min:.0f}; B_simple (median over runs) {b_simple or float('nan'):.0f}")
+        f"{e_min / s_min:.0f}; B_simple there (median over runs) {b_simple or float('nan'):.0f}")
     net = link(10, 20)  # a 10 Gbit/s network, 20 us a message: (alpha, beta)
     nbytes = 4 * sum(p.numel() for p in MLP(HIDDEN).parameters())
     log(f"\n5. time to the target: S(64 k) steps x a step (batch 64 computes {1e3 * step_s:.1f}"

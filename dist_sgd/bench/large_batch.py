@@ -18,7 +18,9 @@ Every recipe then follows a cosine to 0 (torch's LinearLR, CosineAnnealingLR, Se
 Along the way every run with k >= 2 estimates the gradient noise scale B_simple from the
 micro-batch gradients (batch 64) and their average (batch B), and the linear_warmup runs note
 the steps they needed to reach TARGET test accuracy (on 2,000 test images, checked 10 times an
-epoch): S(B), fitted to McCandlish's (S/S_min - 1)(E/E_min - 1) = 1 for B_crit = E_min / S_min.
+epoch): S(B), fitted to McCandlish's (S/S_min - 1)(E/E_min - 1) = 1 for B_crit = E_min / S_min,
+and B_simple at that moment (column b_simple; b_simple_final: at the end, when the gradient's
+signal has nearly vanished and the noise scale is far larger).
   -> large_batch.csv (one row per recipe, batch and seed), large_batch_noise.csv (B_simple over
      training), large_batch.png
 Runs go two at a time (the machine's 2 cores), one thread each: 90 runs, about 15 minutes on a
@@ -96,7 +98,7 @@ def train_one(recipe, batch, seed, epochs, train_items=None, warmup_epochs=WARMU
     sched = decay if not warm else torch.optim.lr_scheduler.SequentialLR(opt, [
         torch.optim.lr_scheduler.LinearLR(opt, base_lr(recipe) / lr, 1.0, total_iters=warm), decay],
         milestones=[warm])
-    noise, trace, reached = NoiseScale(), [], None
+    noise, trace, reached, at_target = NoiseScale(), [], None, ""
     every = max(1, steps_per_epoch // EVALS_PER_EPOCH)
     noise_every = max(1, steps_per_epoch // NOISE_PER_EPOCH)
     order_gen = torch.Generator().manual_seed(1000 + seed)
@@ -131,7 +133,9 @@ def train_one(recipe, batch, seed, epochs, train_items=None, warmup_epochs=WARMU
             if step % every == 0 or step == total:
                 correct = (model(test_x[:EVAL_ITEMS]).argmax(1) == test_y[:EVAL_ITEMS]).float()
                 if reached is None and correct.mean() >= TARGET[name]:
-                    reached = step
+                    # B_simple grows as training goes on: the one that matters for the
+                    # steps to this target (B_crit) is the one here
+                    reached, at_target = step, noise.b_simple
                 if batch > RANK_BATCH:
                     trace.append({"recipe": recipe, "batch": batch, "seed": seed, "step": step,
                                   "epoch": round(step / steps_per_epoch, 3),
@@ -145,7 +149,8 @@ def train_one(recipe, batch, seed, epochs, train_items=None, warmup_epochs=WARMU
             "epochs": epochs, "steps": total, "warmup_steps": warm,
             "steps_to_target": reached if reached is not None else "",
             "target": TARGET[name],
-            "b_simple": round(noise.b_simple, 1) if batch > RANK_BATCH else "",
+            "b_simple": round(at_target, 1) if batch > RANK_BATCH and at_target != "" else "",
+            "b_simple_final": round(noise.b_simple, 1) if batch > RANK_BATCH else "",
             "seconds": round(time.perf_counter() - start, 1), "dataset": name}, trace
 
 

@@ -62,8 +62,8 @@ def summary(rows):
     """(table, {recipe: flat range}, (S_min, E_min) or None, B_simple or None).
 
     The fit takes linear_warmup's steps to the target (the mean over seeds per batch);
-    B_simple is the median of linear_warmup's runs' final estimates (moving averages; a run
-    whose average of |G|^2 never rose above 0 has none)."""
+    B_simple is the median over linear_warmup's runs of their estimate (moving averages) when
+    they reached the target; a run whose average of |G|^2 was not above 0 then has none."""
     table = accuracy_table(rows)
     spans = {r: flat_range(table, r) for r in RECIPES}
     reached = {}
