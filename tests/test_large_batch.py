@@ -346,6 +346,57 @@ def test_syncbn_without_a_group_is_batchnorm():
         SyncBatchNorm(3, process_group=object())
 
 
+
+# ---- ghost BatchNorm: BatchNorm per simulated worker ---------------------------------------
+
+@pytest.mark.parametrize("n, group, features", [(3 * 64, 64, 7), (5 * 4, 4, 3), (6, 8, 5)])
+def test_ghost_batchnorm_is_batchnorm_on_each_group(n, group, features):
+    """Output, gradients (input, weight, bias) and running statistics equal k BatchNorms each
+    run on its own `group` consecutive items (a batch under the group: one BatchNorm on all)."""
+    from dist_sgd.large_batch.ghostbn import GhostBatchNorm1d
+    gen = torch.Generator().manual_seed(n)
+    x = (torch.randn(n, features, generator=gen, dtype=torch.float64) * 3 + 1)
+    w = torch.randn(n, features, generator=gen, dtype=torch.float64)  # weights the loss
+    ours = GhostBatchNorm1d(features, group, momentum=0.3).double()
+    with torch.no_grad():
+        ours.weight.copy_(torch.randn(features, generator=gen))
+        ours.bias.copy_(torch.randn(features, generator=gen))
+    start = copy.deepcopy(ours.state_dict())
+    xo = x.clone().requires_grad_()
+    got = ours(xo)
+    (got * w).sum().backward()
+    g = min(group, n)
+    refs, outs, xgrads = [], [], []
+    for i in range(0, n, g):  # one BatchNorm per simulated worker, on its items only
+        ref = nn.BatchNorm1d(features, momentum=0.3).double()
+        ref.load_state_dict(start)
+        xi = x[i:i + g].clone().requires_grad_()
+        out = ref(xi)
+        (out * w[i:i + g]).sum().backward()
+        refs.append(ref), outs.append(out), xgrads.append(xi.grad)
+    torch.testing.assert_close(got, torch.cat(outs))
+    torch.testing.assert_close(xo.grad, torch.cat(xgrads))
+    torch.testing.assert_close(ours.weight.grad, sum(r.weight.grad for r in refs))
+    torch.testing.assert_close(ours.bias.grad, sum(r.bias.grad for r in refs))
+    # the running statistics: the mean of the workers' own
+    torch.testing.assert_close(ours.running_mean, sum(r.running_mean for r in refs) / len(refs))
+    torch.testing.assert_close(ours.running_var, sum(r.running_var for r in refs) / len(refs))
+    ours.eval()  # eval: the running statistics, as BatchNorm
+    refs[0].eval()
+    refs[0].running_mean.copy_(ours.running_mean)
+    refs[0].running_var.copy_(ours.running_var)
+    torch.testing.assert_close(ours(x), refs[0](x))
+
+
+def test_ghost_batchnorm_refuses_a_batch_of_partial_groups():
+    from dist_sgd.large_batch.ghostbn import GhostBatchNorm1d, GhostMLP
+    bn = GhostBatchNorm1d(3, group=4)
+    with pytest.raises(ValueError, match="whole groups"):
+        bn(torch.randn(6, 3))
+    with pytest.raises(ValueError, match="batch, features"):
+        bn(torch.randn(8, 3, 2))
+    assert GhostMLP(16, group=4)(torch.randn(8, 1, 28, 28)).shape == (8, 10)
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                     reason="needs 2 GPUs (torch's SyncBatchNorm runs on GPUs only)")

@@ -36,15 +36,15 @@ import torch
 import torch.nn.functional as F
 
 from dist_sgd.large_batch.curve import RECIPES, summary, width
+from dist_sgd.large_batch.ghostbn import GhostMLP
 from dist_sgd.large_batch.lars import LARS
 from dist_sgd.large_batch.noise import NoiseScale
 from dist_sgd.plumbing.figures import figure_path, read_csv, write_csv
 from dist_sgd.sgd.data import LABELS, get_dataset
-from dist_sgd.sgd.models import MLP
 
 NAME = "large_batch"
 BASE_BATCH = RANK_BATCH = 64  # base_lr's batch, and each simulated rank's batch
-BASE_LR, MOMENTUM, HIDDEN = 0.02, 0.9, 128
+BASE_LR, MOMENTUM, HIDDEN, WEIGHT_DECAY = 0.02, 0.9, 128, 0.0
 # LARS's own base rate and trust coefficient: a step of lr x TRUST x |w| per layer (0.1% of
 # |w| at batch 64); biases take lr x g
 LARS_LR, TRUST = 0.05, 0.02
@@ -85,15 +85,16 @@ def train_one(recipe, batch, seed, epochs, train_items=None, warmup_epochs=WARMU
     torch.set_num_threads(1)
     name, x, y, test_x, test_y = _data(train_items)
     torch.manual_seed(seed)
-    model = MLP(hidden=HIDDEN)
+    model = GhostMLP(HIDDEN, group=RANK_BATCH)
     params = list(model.parameters())
     lr = peak_lr(recipe, batch)
     steps_per_epoch = len(x) // batch
     total = epochs * steps_per_epoch
     warm = int(warmup_epochs * steps_per_epoch) if recipe in ("linear_warmup", "lars") and \
         batch > BASE_BATCH else 0
-    opt = LARS(params, lr, MOMENTUM, trust_coefficient=TRUST) if recipe == "lars" else \
-        torch.optim.SGD(params, lr, MOMENTUM)
+    opt = LARS(params, lr, MOMENTUM, WEIGHT_DECAY, trust_coefficient=TRUST) \
+        if recipe == "lars" else \
+        torch.optim.SGD(params, lr, MOMENTUM, weight_decay=WEIGHT_DECAY)
     decay = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total - warm)
     sched = decay if not warm else torch.optim.lr_scheduler.SequentialLR(opt, [
         torch.optim.lr_scheduler.LinearLR(opt, base_lr(recipe) / lr, 1.0, total_iters=warm), decay],
@@ -131,7 +132,10 @@ def train_one(recipe, batch, seed, epochs, train_items=None, warmup_epochs=WARMU
             sched.step()
             step += 1
             if step % every == 0 or step == total:
-                correct = (model(test_x[:EVAL_ITEMS]).argmax(1) == test_y[:EVAL_ITEMS]).float()
+                with torch.no_grad():  # eval: BatchNorm's running statistics
+                    model.eval()
+                    correct = (model(test_x[:EVAL_ITEMS]).argmax(1) == test_y[:EVAL_ITEMS]).float()
+                    model.train()
                 if reached is None and correct.mean() >= TARGET[name]:
                     # B_simple grows as training goes on: the one that matters for the
                     # steps to this target (B_crit) is the one here
@@ -142,6 +146,7 @@ def train_one(recipe, batch, seed, epochs, train_items=None, warmup_epochs=WARMU
                                   "b_simple": round(noise.b_simple, 1)})
         if not math.isfinite(loss.item()):
             break  # diverged: the rest would be NaN too
+    model.eval()
     with torch.no_grad():
         accuracy = (model(test_x).argmax(1) == test_y).double().mean().item()
     return {"recipe": recipe, "batch": batch, "seed": seed,

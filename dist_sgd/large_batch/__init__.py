@@ -6,4 +6,5 @@
     lars        LARS: a trust ratio per layer (You et al. 2017), a torch optimizer
     noise       the gradient noise scale B_simple from two batch sizes (McCandlish et al. 2018)
     syncbn      SyncBatchNorm from all-reduce: BatchNorm statistics over the global batch, on CPU
+    ghostbn     ghost BatchNorm: BatchNorm per simulated worker, and an MLP with it
 """
