@@ -1,10 +1,14 @@
 """Lesson 18's figure: test accuracy against the global batch, five learning-rate recipes.
 
-The same model (an MLP, 784-128-10), the same number of epochs (8), the same data (Fashion-
-MNIST where present, else MNIST; a synthetic stand-in only for --quick and tests, and said);
-only the global batch B (32 to 8192) and the learning-rate recipe change; 2 seeds. Each rank
-keeps its batch of 64: B = k x 64 is k simulated ranks, run as micro-batches accumulated in one
-process (lesson 18 proves that equal to k real ranks' average_gradients). Recipes, from
+The same model (an MLP with BatchNorm, 784-256-BN-ReLU-256-BN-ReLU-10), the same number of
+epochs (8), the same data (Fashion-MNIST where present, else MNIST; a synthetic stand-in only
+for --quick and tests, and said); only the global batch B (32 to 8192) and the learning-rate
+recipe change; 2 seeds. Each rank keeps its batch of 64: B = k x 64 is k simulated ranks, run
+as micro-batches accumulated in one process (lesson 18 proves that equal to k real ranks'
+average_gradients), and BatchNorm per simulated worker over its own 64 items, as Goyal's
+per-worker BatchNorm (ghost BatchNorm, dist_sgd/large_batch/ghostbn.py: a chunk of j x 64 items
+normalized in j groups of 64, the same as j workers each normalizing its own). BatchNorm is
+what lets the network take the large rates that linear scaling asks for. Recipes, from
 base_lr = BASE_LR at batch 64 with momentum 0.9 (LARS: LARS_LR):
 
     none            lr = base_lr at every batch
@@ -44,11 +48,11 @@ from dist_sgd.sgd.data import LABELS, get_dataset
 
 NAME = "large_batch"
 BASE_BATCH = RANK_BATCH = 64  # base_lr's batch, and each simulated rank's batch
-BASE_LR, MOMENTUM, HIDDEN, WEIGHT_DECAY = 0.02, 0.9, 128, 0.0
+BASE_LR, MOMENTUM, HIDDEN, WEIGHT_DECAY = 0.01, 0.9, 256, 0.0
 # LARS's own base rate and trust coefficient: a step of lr x TRUST x |w| per layer (0.1% of
 # |w| at batch 64); biases take lr x g
 LARS_LR, TRUST = 0.05, 0.02
-EPOCHS, WARMUP_EPOCHS = 8, 2
+EPOCHS, WARMUP_EPOCHS = 8, 3
 TARGET = {"fashion-mnist": 0.84, "mnist": 0.96, "synthetic": 0.5}
 EVALS_PER_EPOCH, EVAL_ITEMS = 10, 2000
 NOISE_PER_EPOCH, CHUNK = 20, 1024  # noise-scale steps per epoch; items per forward
@@ -57,7 +61,7 @@ _DATA = {}
 
 def settings(quick):
     if quick:
-        return {"batches": (32, 64, 256, 1024), "seeds": (0,), "epochs": 2, "warmup": 0.5,
+        return {"batches": (32, 64, 256, 1024), "seeds": (0,), "epochs": 2, "warmup": 0.75,
                 "train_items": 6000, "recipes": RECIPES}
     return {"batches": tuple(2 ** i for i in range(5, 14)), "seeds": (0, 1), "epochs": EPOCHS,
             "warmup": WARMUP_EPOCHS, "train_items": None, "recipes": RECIPES}
@@ -92,9 +96,10 @@ def train_one(recipe, batch, seed, epochs, train_items=None, warmup_epochs=WARMU
     total = epochs * steps_per_epoch
     warm = int(warmup_epochs * steps_per_epoch) if recipe in ("linear_warmup", "lars") and \
         batch > BASE_BATCH else 0
-    opt = LARS(params, lr, MOMENTUM, WEIGHT_DECAY, trust_coefficient=TRUST) \
-        if recipe == "lars" else \
-        torch.optim.SGD(params, lr, MOMENTUM, weight_decay=WEIGHT_DECAY)
+    if recipe == "lars":
+        opt = LARS(params, lr, MOMENTUM, WEIGHT_DECAY, trust_coefficient=TRUST)
+    else:
+        opt = torch.optim.SGD(params, lr, MOMENTUM, weight_decay=WEIGHT_DECAY)
     decay = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total - warm)
     sched = decay if not warm else torch.optim.lr_scheduler.SequentialLR(opt, [
         torch.optim.lr_scheduler.LinearLR(opt, base_lr(recipe) / lr, 1.0, total_iters=warm), decay],
@@ -182,7 +187,8 @@ def measure(quick):
                   f"{time.perf_counter() - start:.0f} s so far)", flush=True)
     key = {r: i for i, r in enumerate(RECIPES)}
     rows.sort(key=lambda r: (key[r["recipe"]], r["batch"], r["seed"]))
-    write_csv(NAME, rows, facts=f"{LABELS[name]}; MLP {HIDDEN} hidden, {cfg['epochs']} epochs, "
+    write_csv(NAME, rows, facts=f"{LABELS[name]}; MLP {HIDDEN}-{HIDDEN} hidden, "
+              f"BatchNorm per {RANK_BATCH} items, {cfg['epochs']} epochs, "
               f"base lr {BASE_LR} at batch {BASE_BATCH}, momentum {MOMENTUM}; "
               f"{_facts()}")
     write_csv(NAME + "_noise", traces)
