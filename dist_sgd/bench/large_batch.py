@@ -55,7 +55,9 @@ LARS_LR, TRUST = 0.05, 0.02
 EPOCHS, WARMUP_EPOCHS = 8, 3
 TARGET = {"fashion-mnist": 0.84, "mnist": 0.96, "synthetic": 0.5}
 EVALS_PER_EPOCH, EVAL_ITEMS = 10, 2000
-NOISE_PER_EPOCH, CHUNK = 20, 1024  # noise-scale steps per epoch; items per forward
+# noise-scale steps per epoch (each runs its 64-item micro-batches one by one: at B >= 2048
+# more would double the run), averaged over about an epoch; items per forward
+NOISE_PER_EPOCH, NOISE_DECAY, CHUNK = 5, 0.8, 1024
 _DATA = {}
 
 
@@ -104,7 +106,7 @@ def train_one(recipe, batch, seed, epochs, train_items=None, warmup_epochs=WARMU
     sched = decay if not warm else torch.optim.lr_scheduler.SequentialLR(opt, [
         torch.optim.lr_scheduler.LinearLR(opt, base_lr(recipe) / lr, 1.0, total_iters=warm), decay],
         milestones=[warm])
-    noise, trace, reached, at_target = NoiseScale(), [], None, ""
+    noise, trace, reached, at_target = NoiseScale(NOISE_DECAY), [], None, ""
     every = max(1, steps_per_epoch // EVALS_PER_EPOCH)
     noise_every = max(1, steps_per_epoch // NOISE_PER_EPOCH)
     order_gen = torch.Generator().manual_seed(1000 + seed)
