@@ -9,6 +9,7 @@ One folder per part of the story; the lesson number tells where its reused code 
     shard/      lessons 13, 16: ZeRO, FSDP
     faults/     lessons 14, 17: checkpoints, recovery when a rank dies, elastic training
     beyond/     lesson 15: parameter server, local SGD / DiLoCo, Hogwild
+    large_batch/  lesson 18: warmup schedule, LARS, the gradient noise scale, SyncBatchNorm
     parallel/   lessons 19-20: the model split: pipeline and tensor parallelism
     course/     every lesson: write a piece yourself, graded by the same proofs
     plumbing/   what everything stands on (launch, rank, check, timing, figures): read it last

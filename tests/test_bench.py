@@ -74,6 +74,13 @@ def write_tiny_csvs():
     write_csv("comparison_loss", [{"strategy": s, "step": i, "loss": 2.0 - i / 10}
                                          for s in ways for i in range(3)])
     write_csv("atscale", atscale.all_predictions(0.04, 4.8e6))  # reads the p2p fit above
+    write_csv("large_batch", [  # linear_warmup flat to 1024, the others falling off sooner
+        {"recipe": r, "batch": b, "seed": seed, "test_accuracy": 88.0 - drop * (b > 64) + seed / 4,
+         "steps_to_target": (400 + 60_000 // b) if r == "linear_warmup" else "",
+         "target": 0.84, "b_simple": 300.0 if b > 64 else ""}
+        for r, drop in (("none", 3), ("sqrt", 2), ("linear", 2), ("linear_warmup", 0),
+                        ("lars", 0.5))
+        for b in (32, 64, 256, 1024) for seed in (0, 1)], facts="Fashion-MNIST; tiny")
     # Part two's measurements: their committed CSVs (the numbers the README quotes) are redrawn.
     committed = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "figures")
     for name in os.listdir(committed):
@@ -108,7 +115,8 @@ def redrawn(tiny):
 
 
 PNGS = ["p2p", "allreduce", "scaling", "breakdown", "ddp_speed", "bucket_sweep", "ddp_timeline",
-        "comparison_loss", "comparison_time", "atscale", "compress", "zero", "beyond", "beyond_ps_cost"]
+        "comparison_loss", "comparison_time", "atscale", "compress", "zero", "beyond", "beyond_ps_cost",
+        "large_batch"]
 
 
 def test_redraw_succeeds_for_every_measurement(redrawn):
@@ -142,6 +150,13 @@ def test_allreduce_fit_survives_a_gamma_bigger_than_the_times():
     fit = allreduce.fits(rows)[2]
     assert fit["gamma"] == 0.0 and fit["gamma_measured"] == 1.0
     assert fit["ring"][0] > 0 and fit["ring"][1] > 0
+
+
+def test_large_batch_report_gives_each_recipes_range_and_b_crit(redrawn):
+    out = redrawn[1]
+    assert "linear_warmup within 1 point of batch 64: batch 32-1024 (32x wide)" in out
+    assert "none          within 1 point of batch 64: batch 32-64 (2x wide)" in out
+    assert "B_crit = E_min / S_min = 150" in out  # S = 400 + 60000 / B: 60000 / 400
 
 
 def test_p2p_report_recovers_alpha(redrawn):

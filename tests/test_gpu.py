@@ -10,7 +10,9 @@ Without a GPU every test here skips (CI has none). With one GPU:
   the global batch, over NCCL at world size 1 and over gloo at world size 2 (our collectives:
   gloo has no CUDA reduce_scatter);
 - our ShardedOptimizer (ZeRO-1, both schemes) on CUDA parameters against the plain optimizer
-  after average_gradients, over NCCL at world size 1 and over gloo at world size 2.
+  after average_gradients, over NCCL at world size 1 and over gloo at world size 2;
+- our SyncBatchNorm against torch's nn.SyncBatchNorm (which runs on GPUs only) on CUDA
+  tensors, over gloo at world size 2 (with 2+ GPUs over NCCL: tests/test_large_batch.py).
 Tests with 2+ GPUs live beside the CPU tests they extend (test_collectives, test_data_parallel).
 """
 import pytest
@@ -244,3 +246,39 @@ def test_our_zero_on_cuda_parameters_equals_the_plain_optimizer_nccl():
 def test_our_zero_on_cuda_parameters_equals_the_plain_optimizer_gloo_world_size_2():
     for worst in launch(_zero_on, 2, "cuda:0", "ours", backend="gloo"):
         assert worst.keys() == {"broadcast", "all_gather"} and max(worst.values()) < 1e-5, worst
+
+
+def _syncbn_against_torchs(rank, world_size, dev):
+    """Ours and torch's SyncBatchNorm on the same uneven local batches of CUDA tensors: the
+    largest difference in outputs, input and weight gradients and running statistics."""
+    from dist_sgd.large_batch.syncbn import SyncBatchNorm
+    from dist_sgd.plumbing.rank import device
+    dev = torch.device(dev) if dev else device()  # None: this rank's own GPU under NCCL
+    ours, theirs = SyncBatchNorm(5).to(dev), nn.SyncBatchNorm(5).to(dev)
+    worst = 0.0
+    for step in range(2):
+        gen = torch.Generator().manual_seed(10 * step)
+        x = torch.randn(7, 5, 3, generator=gen).to(dev) * 2 + 1
+        w = torch.randn(7, 5, 3, generator=gen).to(dev)
+        mine = slice(0, 3) if rank == 0 else slice(3, 7)  # uneven: 3 and 4 items
+        a, b = x[mine].clone().requires_grad_(), x[mine].clone().requires_grad_()
+        try:
+            yt = theirs(b)
+        except RuntimeError as e:  # torch's may need collectives gloo lacks on CUDA
+            return f"torch's SyncBatchNorm refused: {str(e).splitlines()[0]}"
+        (yt * w[mine]).sum().backward()
+        ya = ours(a)
+        (ya * w[mine]).sum().backward()
+        pairs = [(ya, yt), (a.grad, b.grad), (ours.weight.grad, theirs.weight.grad),
+                 (ours.bias.grad, theirs.bias.grad), (ours.running_mean, theirs.running_mean),
+                 (ours.running_var, theirs.running_var)]
+        worst = max([worst] + [(p - q).abs().max().item() for p, q in pairs])
+    dist.barrier()
+    return worst
+
+
+def test_our_syncbn_equals_torchs_on_cuda_gloo_world_size_2():
+    results = launch(_syncbn_against_torchs, 2, "cuda:0", backend="gloo")
+    if any(isinstance(r, str) for r in results):
+        pytest.skip(next(r for r in results if isinstance(r, str)))
+    assert max(results) < 1e-5, results

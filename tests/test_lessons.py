@@ -60,6 +60,7 @@ MIN_CHECKS = {
     "15": 2,  # sync PS vs all-reduce SGD, local SGD H=1 vs all-reduce SGD
     "16": 8,  # by hand: gather, reduce-scatter; ZeRO-3, ZeRO-2, ours, DDP, torch's vs one process
     "17": 1,  # final weights after a node lost and back (2 -> 1 -> 2 nodes) vs uninterrupted
+    "18": 4,  # k ranks vs accumulation; weight decay x k; momentum correction; SyncBatchNorm
     "19": 9,  # naive, GPipe, 1F1B x (gradients, weights vs one process; weights vs torch's)
     "20": 5,  # by hand: output, gradients; the block: outputs, weights vs one process, torch's
 }

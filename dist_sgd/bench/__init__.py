@@ -20,6 +20,7 @@
     netscale     all-reduce on 2-16 emulated nodes
     nettrain     weak scaling of a training step on 1-8 emulated nodes
     netaccuracy  time and bytes to accuracy on 4 slow nodes
+    large_batch  lesson 18: test accuracy vs global batch for 5 lr recipes, noise scale, B_crit
     modelpar     lessons 19-20: data, tensor and pipeline parallelism on 2-4 emulated nodes
 
 Each measurement module has measure(quick) -> rows, report(rows) and draw().

@@ -10,9 +10,9 @@
 Before it starts it prints what each part will take and its folder; while it runs, a line per
 part with the time left. The times are estimates for a quiet 2-core machine (ESTIMATES in this
 file), printed beside what each part took at the end. Without root the parts on emulated nodes
-(network namespaces, dist_sgd.scale.cluster) are skipped with the reason: about 17 minutes in
-all at full size. As root they add about 40 more: netscale ~15, netaccuracy ~10, nettrain ~6,
-and the links of cluster, compress and fsdp.
+(network namespaces, dist_sgd.scale.cluster) are skipped with the reason: about 32 minutes in
+all at full size (large_batch's curve 15 of them). As root they add about 40 more: netscale
+~15, netaccuracy ~10, nettrain ~6, and the links of cluster, compress and fsdp.
 
 The folder: $DIST_SGD_FIGURES if set; else --save-figures: figures/ of this checkout, as
 lessons do (measure on a quiet machine before committing what it writes there); else --quick:
@@ -57,6 +57,7 @@ MEASUREMENTS = {
     "netscale": "lesson 10: all-reduce on 2-16 emulated nodes at 100 Mbit/s, vs the model (root)",
     "nettrain": "lesson 10: weak scaling of a DDP step on 1-8 emulated nodes, vs the model (root)",
     "netaccuracy": "lesson 10: time and bytes to a test accuracy on 4 slow nodes (root)",
+    "large_batch": "lesson 18: test accuracy vs global batch, 5 lr recipes; noise scale, B_crit",
     "modelpar": "lessons 19-20: data, tensor and pipeline parallelism on 2-4 nodes (root)",
 }
 # Minutes each part takes on a quiet 2-core machine: (full size, --quick), then what its parts
@@ -69,6 +70,7 @@ ESTIMATES = {
     "compress": ((2, 0.5), (3, 1)), "atscale": ((0.5, 0.2), (0, 0)), "zero": ((1, 0.3), (0, 0)),
     "beyond": ((5, 1), (0, 0)), "fsdp": ((0.5, 0.2), (1, 1)), "netscale": ((0, 0), (15, 2)),
     "nettrain": ((0, 0), (6, 1)), "netaccuracy": ((0, 0), (10, 1)),
+    "large_batch": ((15, 1), (0, 0)),
     "modelpar": ((0, 0), (4, 1)),
 }
 

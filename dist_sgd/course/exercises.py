@@ -308,6 +308,63 @@ EXERCISES = tuple(sorted((
          "counts self.syncs); self.counter += 1; return due."),
         world_sizes=(1, 2, 3, 4)),
     Exercise(
+        "warmup_schedule", "18", "dist_sgd.large_batch.schedule", ("lr_at",),
+        "the learning rate at a step: Goyal's gradual warmup from start_factor x peak_lr up "
+        "to peak_lr, then a step or cosine decay whose clock starts when the warmup ends, "
+        "equal to torch's LinearLR + SequentialLR + MultiStepLR / CosineAnnealingLR",
+        ("Two phases. While step < warmup_steps the rate rises in equal steps; after that, "
+         "the decay runs on its own clock t = step - warmup_steps (SequentialLR restarts it).",
+         "The warmup starts at the small batch's rate, not at 0: at step 0 it is start_factor "
+         "x peak_lr, and it rises every step (not every epoch), reaching peak_lr at "
+         "step = warmup_steps.",
+         "Warmup: peak_lr * (start_factor + (1 - start_factor) * step / warmup_steps). Step "
+         "decay: peak_lr * gamma ** (number of milestones m with m <= t).",
+         "Cosine: eta_min + (peak_lr - eta_min) * (1 + cos(pi * t / T)) / 2 with T = "
+         "total_steps - warmup_steps; decay 'none': peak_lr."),
+        world_sizes=(1,)),
+    Exercise(
+        "LARS", "18", "dist_sgd.large_batch.lars", ("LARS",),
+        "one parameter tensor's LARS update (Algorithm 1): a trust ratio from |w| and |g|, "
+        "weight decay inside it, a velocity that carries the learning rate; tensors with one "
+        "dimension take plain momentum SGD",
+        ("Per tensor: w = p, g = p.grad. Matrices and kernels (p.dim() > 1) get a trust ratio; "
+         "biases and norms (p.dim() == 1) get neither trust ratio nor weight decay.",
+         "trust = trust_coefficient * |w| / (|g| + weight_decay * |w| + eps), and 1 where |w| "
+         "or |g| is 0 (a fresh zero layer must still move). Norms: p.norm(), g.norm().",
+         "The velocity holds lr x the step, not the gradient: v = momentum * v + lr * trust * "
+         "(g + weight_decay * w); then w = w - v. Keep v in self.state[p]['velocity'], "
+         "starting at zeros.",
+         "For p.dim() == 1: v = momentum * v + lr * g; p.sub_(v). For the rest use "
+         "torch.where((w_norm > 0) & (g_norm > 0), trust, 1.0) for the ratio."),
+        world_sizes=(1,)),
+    Exercise(
+        "noise_scale", "18", "dist_sgd.large_batch.noise", ("two_batch_estimates",),
+        "|G|^2 and tr(Sigma), both unbiased, from the squared norms of gradients averaged over "
+        "two batch sizes b_small < b_big (McCandlish et al. 2018, Appendix A)",
+        ("One batch of B examples has E |G_B|^2 = |G|^2 + tr(Sigma) / B: the signal plus the "
+         "noise over B. One batch size cannot tell the two apart; two can.",
+         "Write the expectation at both sizes: small_sq = |G|^2 + tr / b_small, big_sq = "
+         "|G|^2 + tr / b_big. Two linear equations, two unknowns.",
+         "Subtract them for tr(Sigma): small_sq - big_sq = tr * (1 / b_small - 1 / b_big).",
+         "g2 = (b_big * big_sq - b_small * small_sq) / (b_big - b_small); trace = (small_sq - "
+         "big_sq) / (1 / b_small - 1 / b_big); return g2, trace."),
+        world_sizes=(1,)),
+    Exercise(
+        "SyncBatchNorm", "18", "dist_sgd.large_batch.syncbn", ("global_moments", "global_means"),
+        "BatchNorm's statistics over every rank's items with all-reduce: the mean, variance, "
+        "1/std and count in forward, and backward's two means of dy and dy * xhat",
+        ("Means and variances do not add up across ranks; sums do. All-reduce per channel the "
+         "sum of x, the sum of x^2 and the number of rows, in one tensor (one message).",
+         "Then mean = sum / n and var = sum(x^2) / n - mean^2 (biased, as BatchNorm normalizes "
+         "with), invstd = rsqrt(var + eps). Local batches may differ in size: n is the global "
+         "count.",
+         "Backward: the input gradient needs mean(dy) and mean(dy * xhat) over the global "
+         "batch: both terms, all-reduced, or each rank's gradient misses the others' items.",
+         "global_moments: stats = torch.cat([x2d.sum(0), (x2d * x2d).sum(0), count]); "
+         "dist.all_reduce(stats). global_means: sums = torch.cat([dy2d.sum(0), (dy2d * "
+         "xhat2d).sum(0)]); dist.all_reduce(sums); return sums[:c] / n, sums[c:] / n."),
+        world_sizes=(1, 2, 3, 4)),
+    Exercise(
         "one_f_one_b", "19", "dist_sgd.parallel.pipeline", ("one_f_one_b", "last_stage_loss"),
         "1F1B's order of work on one pipeline stage, a list of (\"F\", i) and (\"B\", i), and the "
         "loss the last stage runs backward from for one micro-batch",

@@ -1,0 +1,85 @@
+"""Lesson 18's SyncBatchNorm pieces: global_moments (forward's all-reduced mean, variance,
+1/std, count) and global_means (backward's means of dy and dy * xhat), each against the
+statistics of the global batch in one process, on uneven local batches; then the module built
+on them against BatchNorm on the global batch: output, input and weight gradients, running
+statistics. float64, within 1e-10."""
+import torch
+import torch.nn as nn
+
+from dist_sgd.course.grade import Grader
+
+grader = Grader("SyncBatchNorm")
+TOL = 1e-10
+HINTS = {
+    "moments": "means and variances do not add up across ranks, sums do: all-reduce the sums "
+               "of x and of x^2 and the counts, then mean = sum / n, var = E[x^2] - mean^2",
+    "count": "local batches differ in size: divide by the global count (all-reduced), never "
+             "by the local one or by the world size",
+    "means": "both of backward's means are over the global batch: all-reduce the sums of dy "
+             "and of dy * xhat, then divide by the global count",
+}
+
+
+def _data(ctx, channels=5, seed=0):
+    sizes = [(3, 1, 4, 2)[r] for r in range(ctx.world_size)]  # uneven local batches
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(sum(sizes), channels, generator=gen, dtype=torch.float64) * 2 + 3
+    dy = torch.randn(sum(sizes), channels, generator=gen, dtype=torch.float64)
+    mine = slice(sum(sizes[:ctx.rank]), sum(sizes[:ctx.rank + 1]))
+    return x, dy, mine
+
+
+@grader.case("global_moments on uneven local batches (3, 1, 4, 2 rows)")
+def moments(ctx):
+    x, _, mine = _data(ctx)
+    got = ctx.call(ctx.impl.global_moments, x[mine].clone(), 1e-5)
+    ctx.expect(isinstance(got, tuple) and len(got) == 4,
+               "expected (mean, var, invstd, count)")
+    mean, var = x.mean(0), x.var(0, unbiased=False)
+    hints = [HINTS["moments"], HINTS["count"]]
+    ctx.expect_close(got[0], mean, "the mean", atol=TOL, hints=hints)
+    ctx.expect_close(got[1], var, "the (biased) variance", atol=TOL, hints=hints)
+    ctx.expect_close(got[2], torch.rsqrt(var + 1e-5), "invstd", atol=TOL, hints=hints)
+    ctx.expect(float(got[3]) == len(x), f"count {float(got[3])}, expected {len(x)} (the "
+               "global batch)", [HINTS["count"]])
+
+
+@grader.case("global_means of dy and dy * xhat on uneven local batches")
+def means(ctx):
+    x, dy, mine = _data(ctx, seed=1)
+    xhat = (x - x.mean(0)) * torch.rsqrt(x.var(0, unbiased=False) + 1e-5)
+    n = torch.tensor(float(len(x)), dtype=torch.float64)
+    got = ctx.call(ctx.impl.global_means, dy[mine].clone(), xhat[mine].clone(), n)
+    ctx.expect(isinstance(got, tuple) and len(got) == 2, "expected (mean_dy, mean_dy_xhat)")
+    ctx.expect_close(got[0], dy.mean(0), "mean(dy)", atol=TOL, hints=[HINTS["means"]])
+    ctx.expect_close(got[1], (dy * xhat).mean(0), "mean(dy * xhat)", atol=TOL,
+                     hints=[HINTS["means"]])
+
+
+@grader.case("SyncBatchNorm on these pieces vs BatchNorm2d on the global batch, 2 steps",
+             world_sizes=(2, 3, 4))  # at world size 1 the module is BatchNorm itself
+def module(ctx):
+    from dist_sgd.large_batch import syncbn
+    saved = syncbn.global_moments, syncbn.global_means
+    syncbn.global_moments, syncbn.global_means = ctx.impl.global_moments, ctx.impl.global_means
+    try:
+        sizes = [(2, 3, 1, 2)[r] for r in range(ctx.world_size)]
+        mine = slice(sum(sizes[:ctx.rank]), sum(sizes[:ctx.rank + 1]))
+        gen = torch.Generator().manual_seed(2)
+        ours, ref = syncbn.SyncBatchNorm(3).double(), nn.BatchNorm2d(3).double()
+        for step in range(2):
+            x = torch.randn(sum(sizes), 3, 2, 3, generator=gen, dtype=torch.float64) + step
+            w = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+            xg, xl = x.clone().requires_grad_(), x[mine].clone().requires_grad_()
+            expected = ref(xg)
+            (expected * w).sum().backward()
+            y = ctx.call(ours, xl)
+            ctx.call((y * w[mine]).sum().backward)
+            ctx.expect_close(y.detach(), expected[mine].detach(), f"step {step}: the output",
+                             atol=TOL, hints=[HINTS["moments"]])
+            ctx.expect_close(xl.grad, xg.grad[mine], f"step {step}: the input's gradient",
+                             atol=TOL, hints=[HINTS["means"]])
+        ctx.expect_close(ours.running_var, ref.running_var, "running_var after 2 steps",
+                         atol=TOL, hints=[HINTS["count"]])
+    finally:
+        syncbn.global_moments, syncbn.global_means = saved
