@@ -10,9 +10,9 @@
 Before it starts it prints what each part will take and its folder; while it runs, a line per
 part with the time left. The times are estimates for a quiet 2-core machine (ESTIMATES in this
 file), printed beside what each part took at the end. Without root the parts on emulated nodes
-(network namespaces, dist_sgd.scale.cluster) are skipped with the reason: about 32 minutes in
-all at full size (large_batch's curve 15 of them). As root they add about 40 more: netscale
-~15, netaccuracy ~10, nettrain ~6, and the links of cluster, compress and fsdp.
+(network namespaces, dist_sgd.scale.cluster) are skipped with the reason: about 30 minutes in
+all at full size (large_batch's curve 15 of them). As root they add about 42 more: netscale
+~15, netaccuracy ~10, nettrain ~6, modelpar ~4, and the links of cluster, compress and fsdp.
 
 The folder: $DIST_SGD_FIGURES if set; else --save-figures: figures/ of this checkout, as
 lessons do (measure on a quiet machine before committing what it writes there); else --quick:
