@@ -560,7 +560,7 @@ def subgroups(size):
 
 
 @part("subgroups")
-def check_subgroups(rec, rank, size):
+def check_subgroups(rank, size, rec):
     """Every collective on each subgroup against torch's on the same group; ranks outside it
     return at once with their tensors untouched; a root outside the group is a ValueError."""
     out = {"untouched": True, "errors": []}

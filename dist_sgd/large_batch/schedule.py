@@ -25,6 +25,7 @@ from dist_sgd.plumbing.mine import swap_in
 
 
 def _check(warmup_steps, start_factor, decay, milestones, gamma, total_steps):
+    """A ValueError naming the first setting that makes no schedule; nothing when all fit."""
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
         raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
     if not 0 < start_factor <= 1:

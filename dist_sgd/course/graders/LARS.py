@@ -61,15 +61,20 @@ def _run(ctx, shapes, lrs, hints, momentum=0.9, wd=5e-4, eta=0.01, zero=(), zero
 
 @grader.case("a matrix, a bias and a kernel: 4 steps, momentum 0.9, weight decay 5e-4")
 def layers(ctx):
+    """Four steps on a matrix, a bias and a 4-d kernel: each tensor equal to a float64 transcription
+    of Algorithm 1 (trust ratio and weight decay on the matrices, plain momentum on the bias)."""
     _run(ctx, [(4, 6), (6,), (3, 2, 2, 2)], [0.5] * 4,
          [HINTS["bias"], HINTS["trust"], HINTS["velocity"]])
 
 
 @grader.case("a layer of zeros and a zero gradient: trust ratio 1")
 def zeros(ctx):
+    """A layer of zeros and a zero gradient: the trust ratio is 1 there, not 0 or NaN."""
     _run(ctx, [(3, 3), (2, 5)], [0.3] * 3, [HINTS["zero"]], zero=(0,), zero_grad={(1, 1)})
 
 
 @grader.case("lr warming up and decaying, one step each")
 def changing_lr(ctx):
+    """The rate changes every step: lr sits inside the velocity (v <- m v + lr trust g), as the
+    paper writes it, not outside as torch's SGD keeps it."""
     _run(ctx, [(5, 3), (3,)], [0.1, 0.4, 0.8, 0.3, 0.05], [HINTS["velocity"]])

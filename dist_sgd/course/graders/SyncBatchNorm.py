@@ -31,6 +31,8 @@ def _data(ctx, channels=5, seed=0):
 
 @grader.case("global_moments on uneven local batches (3, 1, 4, 2 rows)")
 def moments(ctx):
+    """global_moments on local batches of different sizes: the global count, mean and second
+    moment, equal on every rank to one process's over the whole batch."""
     x, _, mine = _data(ctx)
     got = ctx.call(ctx.impl.global_moments, x[mine].clone(), 1e-5)
     ctx.expect(isinstance(got, tuple) and len(got) == 4,
@@ -46,6 +48,8 @@ def moments(ctx):
 
 @grader.case("global_means of dy and dy * xhat on uneven local batches")
 def means(ctx):
+    """global_means: the global means of dy and dy * xhat, both all-reduced, equal to one
+    process's over the whole batch."""
     x, dy, mine = _data(ctx, seed=1)
     xhat = (x - x.mean(0)) * torch.rsqrt(x.var(0, unbiased=False) + 1e-5)
     n = torch.tensor(float(len(x)), dtype=torch.float64)
@@ -59,6 +63,8 @@ def means(ctx):
 @grader.case("SyncBatchNorm on these pieces vs BatchNorm2d on the global batch, 2 steps",
              world_sizes=(2, 3, 4))  # at world size 1 the module is BatchNorm itself
 def module(ctx):
+    """The learner's pieces inside SyncBatchNorm: outputs, input and weight gradients and running
+    statistics after 2 steps equal to BatchNorm2d on the global batch in one process."""
     from dist_sgd.large_batch import syncbn
     saved = syncbn.global_moments, syncbn.global_means
     syncbn.global_moments, syncbn.global_means = ctx.impl.global_moments, ctx.impl.global_means

@@ -19,6 +19,8 @@ HINTS = {
 
 @grader.case("exact expectations at batch sizes 8 and 64 give back |G|^2 and tr(Sigma)")
 def exact(ctx):
+    """Fed the exact expected squared norms at two batch sizes, the estimator gives back |G|^2 and
+    tr(Sigma) exactly."""
     for g2, trace, bs, bb in ((2.5, 40.0, 8, 64), (0.01, 3.0, 1, 3), (7.0, 0.5, 32, 4096)):
         got = ctx.call(ctx.impl.two_batch_estimates, g2 + trace / bs, g2 + trace / bb, bs, bb)
         ctx.expect(isinstance(got, tuple) and len(got) == 2,
@@ -31,6 +33,8 @@ def exact(ctx):
 
 @grader.case("unbiased on 4000 sampled batches of 4 and 32 (tensors in, tensors out)")
 def sampled(ctx):
+    """On 4000 sampled pairs of batches of known covariance the estimates average to |G|^2 and
+    tr(Sigma) within the tolerance the sampling allows: unbiased, for tensors too."""
     gen = torch.Generator().manual_seed(0)
     G = torch.linspace(-1, 1, 20, dtype=torch.float64)
     sd = torch.linspace(0.5, 3.0, 20, dtype=torch.float64)

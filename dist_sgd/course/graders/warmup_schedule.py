@@ -45,17 +45,23 @@ def _compare(ctx, peak, warmup, start, decay, steps, hints, **kw):
 
 @grader.case("Goyal's warmup: 0.1 x 8 reached in 5 steps from 0.1, then divided by 10 twice")
 def goyal(ctx):
+    """Goyal's recipe: the rate at every step equal to torch's LinearLR + SequentialLR +
+    MultiStepLR, rising from the small batch's rate each step, the decay timed from the warmup's
+    end."""
     _compare(ctx, 0.8, 5, 1 / 8, "step", 16, [HINTS["start"], HINTS["rise"], HINTS["clock"]],
              milestones=(4, 8), gamma=0.1)
 
 
 @grader.case("a 7-step warmup, then a cosine to eta_min and past T_max")
 def cosine(ctx):
+    """A warmup then a cosine: every step equal to torch's LinearLR + CosineAnnealingLR, also
+    past T_max, where torch's cosine turns back up."""
     _compare(ctx, 0.6, 7, 1 / 3, "cosine", 40, [HINTS["start"], HINTS["clock"]],
              total_steps=30, eta_min=0.001)
 
 
 @grader.case("a one-step warmup and a milestone at the warmup's end")
 def edges(ctx):
+    """The edges: a warmup of one step, and a milestone falling exactly where the warmup ends."""
     _compare(ctx, 0.4, 1, 0.25, "step", 6, [HINTS["clock"], HINTS["rise"]],
              milestones=(0, 2), gamma=0.5)
