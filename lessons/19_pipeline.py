@@ -22,8 +22,11 @@ backward, divided by m once at the end (torch's scale_grads).
 Our PipelineStage, ScheduleGPipe and Schedule1F1B take torch.distributed.pipelining's
 arguments, so `train()` below runs both unchanged; on CPU with gloo torch's runs too.
 
-Honest expectations: at p = 2 each rank has a core of its own and, on a quiet machine, the
-bubble is measured close to the formula. At p = 3-4 ranks share 2 cores: a waiting stage
+Honest expectations: at p = 2 each rank has a core of its own. On a quiet 2-core machine m = 1
+measures the formula (0.51 against 0.50), but m = 4 and 8 measure 1.4 and 2.2 times it (0.29
+and 0.25 against 0.20 and 0.11): the formula counts compute alone, and every micro-batch adds
+a message each way that a stage waits for, so the measured idle share shrinks more slowly than
+(p - 1) / (m + p - 1) as m grows. At p = 3-4 ranks share 2 cores: a waiting stage
 frees its core for another, so compute stretches and the idle share comes out off the
 formula. On a busy machine every wait for a message also costs a wake-up by the scheduler
 (milliseconds when the cores are taken): the more micro-batches, the more waits, and the
@@ -121,7 +124,7 @@ def timed(rank, p, schedule, m, width, steps):
     """Each step's trace of this stage, a bigger float32 model (2 layers per stage)."""
     mod = split_stages(make(width, 2 * p, torch.float32), p)[rank]
     sched = getattr(ours, schedule)(ours.PipelineStage(mod, rank, p, "cpu"), m, F.mse_loss)
-    x, y = batch(0, 128, width, torch.float32)
+    x, y = batch(0, width, width, torch.float32)  # micro-batches big enough to hide a message
     traces = []
     for _ in range(steps):
         sched.step(*([x] if rank == 0 else []), **({"target": y} if rank == p - 1 else {}))
