@@ -1,6 +1,6 @@
 """The lesson tour: every lesson in order, each as its own program.
 
-    python3 lessons/tour.py --quick    # start here: every lesson at tiny size, about 4 minutes
+    python3 lessons/tour.py --quick    # start here: every lesson at tiny size, a few minutes
     python3 lessons/tour.py            # every lesson at its tour size, about 8 minutes on 2 cores
 
 Each lesson is its own program (run one alone with `python3 lessons/NN_name.py`); the tour
@@ -21,10 +21,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-# lesson number -> (the flags the full tour adds, why). With these the tour took 7.6 minutes
-# on 2 cores, lesson 17 2.6 of them (at its default size, 4 minutes alone). Lesson 10 keeps
-# its size: at --quick its loopback fit of alpha and beta can fail on a busy machine.
+# lesson number -> (the flags the full tour adds, why). With these the tour takes about 8
+# minutes on 2 cores as root (lessons 10 and 17 over a minute each). Lesson 10 keeps its size:
+# at --quick its loopback fit of alpha and beta can fail on a busy machine.
 TOUR_SIZE = {
+    "06": (["--quick"], "its full size trains for a minute on real data (the same checks)"),
+    "09": (["--quick"], "its full size trains every way for 1.5 minutes on real data"),
     "12": (["--quick"], "its full size measures for figures/ (the benchmark's job)"),
     "13": (["--quick"], "its full size times a 12-layer model for figures/"),
     "14": (["--steps", "100"], "100 steps instead of 200: one kill and one recovery each"),

@@ -11,8 +11,8 @@ Before it starts it prints what each part will take and its folder; while it run
 part with the time left. The times are estimates for a quiet 2-core machine (ESTIMATES in this
 file), printed beside what each part took at the end. Without root the parts on emulated nodes
 (network namespaces, dist_sgd.scale.cluster) are skipped with the reason: about 30 minutes in
-all at full size (large_batch's curve 15 of them). As root they add about 42 more: netscale
-~15, netaccuracy ~10, nettrain ~6, modelpar ~4, and the links of cluster, compress and fsdp.
+all at full size (large_batch's curve 15 of them). As root they add about 39 more: netscale
+~15, netaccuracy ~10, nettrain ~6, modelpar ~1, and the links of cluster, compress and fsdp.
 
 The folder: $DIST_SGD_FIGURES if set; else --save-figures: figures/ of this checkout, as
 lessons do (measure on a quiet machine before committing what it writes there); else --quick:
@@ -71,7 +71,7 @@ ESTIMATES = {
     "beyond": ((5, 1), (0, 0)), "fsdp": ((0.5, 0.2), (1, 1)), "netscale": ((0, 0), (15, 2)),
     "nettrain": ((0, 0), (6, 1)), "netaccuracy": ((0, 0), (10, 1)),
     "large_batch": ((15, 1), (0, 0)),
-    "modelpar": ((0, 0), (4, 1)),
+    "modelpar": ((0, 0), (1, 1)),
 }
 
 
