@@ -345,7 +345,7 @@ def _run_one(grader, title, rank, world_size, impl):
         line = failure.line if failure.line.startswith(f"{grader.exercise.name}, world size") \
             else f"{where}: {failure.line}"
         return line, failure.hints
-    except Exception as error:  # noqa: BLE001 - the piece's own error: reported as a failure
+    except Exception:  # noqa: BLE001 - the piece's own error: reported as a failure
         import traceback
         text = traceback.format_exc()
         # A peer never answered: torch's timeout, raised here; or a peer's timeout fired first
