@@ -78,6 +78,10 @@ def cases(exercise):
     return importlib.import_module(exercise.grader).grader.cases
 
 
+# Gradings mostly wait (a group's start, the ranks' notes, a deadlock's timeout): six at a time
+# took 80 s for this file and tests/test_graders.py on 2 cores where three took 98 s (ten: 76 s).
+GRADINGS_AT_ONCE = 6
+
 # A wrong version that deadlocks costs the operation timeout: short ones here (a case's
 # operations take milliseconds; 3 s still leaves room on a busy machine).
 QUICK_TIMEOUT = 3.0
@@ -95,13 +99,14 @@ GRADED = ("test_the_untouched_skeleton_fails_every_case",
 
 
 class Gradings:
-    """run_grader for each chosen skeleton, wrong and right version, three at a time, in
-    the tests' order; each test checks its own. One grading alone leaves a core idle (it waits
-    on its groups' start, its ranks' notes, a deadlock's timeout); they share nothing but the
-    fork server: each has its own groups, files, ports and timeouts (passed, not global)."""
+    """run_grader for each chosen skeleton, wrong and right version, GRADINGS_AT_ONCE at a
+    time, in the tests' order; each test checks its own. One grading alone leaves a core idle
+    (it waits on its groups' start, its ranks' notes, a deadlock's timeout); they share nothing
+    but the fork server: each has its own groups, files, ports and timeouts (passed, not
+    global)."""
 
     def __init__(self, jobs, folder):
-        self.pool = concurrent.futures.ThreadPoolExecutor(3)
+        self.pool = concurrent.futures.ThreadPoolExecutor(GRADINGS_AT_ONCE)
         self.futures = {key: self.pool.submit(self.grade, key, folder) for key in jobs}
 
     @staticmethod

@@ -24,9 +24,10 @@ def each_exercise():
 
 @pytest.fixture(scope="module")
 def graded(request, tmp_path_factory):
-    """run_grader for each chosen exercise, three at a time, in the tests' order; each test
-    checks its own. One grading alone leaves a core idle (it waits on its groups' start and its
-    ranks' notes); they share nothing but the fork server: each has its own groups and folder."""
+    """run_grader for each chosen exercise, six at a time (as tests/test_course.py grades), in
+    the tests' order; each test checks its own. One grading alone leaves a core idle (it waits
+    on its groups' start and its ranks' notes); they share nothing but the fork server: each
+    has its own groups and folder."""
     def grade_one(exercise):
         folder = os.environ.get(MINE)
         if folder is None:  # the reference, in a learner's folder
@@ -38,7 +39,7 @@ def graded(request, tmp_path_factory):
     chosen = [item.callspec.params["exercise"] for item in request.session.items
               if item.module is request.module and getattr(item, "originalname", "") ==
               "test_grader_passes"]
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
         futures = {e.name: pool.submit(grade_one, e) for e in chosen}
         yield lambda name: futures[name].result(timeout=600)  # each launch has its deadline
         for future in futures.values():

@@ -337,7 +337,9 @@ def test_netscale_runs_inside_two_nodes_and_leaves_nothing_behind(capsys):
     assert all(r["model"] > 0 for r in rows if r["part"] != "cpu")
     cpu = [r for r in rows if r["part"] == "cpu"]  # the machine's share, measured in 2 nodes
     assert [r["bytes"] for r in cpu] == list(netscale.settings(True)["cpu"][0]), cpu
-    assert all(r["seconds"] > 0 and r["cores"] == os.cpu_count() for r in cpu), cpu
+    # >= 0: a machine busy with other work burns as much while nobody sends (exchange_cpu takes
+    # that off), so a message's own cost can read 0 there: only a quiet machine measures it
+    assert all(r["seconds"] >= 0 and r["cores"] == os.cpu_count() for r in cpu), cpu
     # 1 MiB over a 100 Mbit/s link: no faster than the link (TCP's ceiling + the bucket's 70 KB)
     big = [r for r in rows if r["part"] == "all-reduce" and r["bytes"] == MiB]
     fastest = (MiB - cluster.SCALING_BURST) / cluster.link_goodput(100e6)
