@@ -11,6 +11,7 @@ from dist_sgd.ddp.data_parallel import (_device, _is_namedtuple, _norm, parallel
 
 
 CAUGHT_BY = "the replicas run at once, each in a thread: 3 forwards meet at a barrier"
+HINT = "run the replicas at the same time, one thread each"
 
 
 def scatter(obj, devices, dim=0):

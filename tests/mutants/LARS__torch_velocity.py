@@ -5,3 +5,4 @@ PATCH = [("                    step = (g + wd * p) * (lr * trust)",
          ("                    step = g * lr", "                    step = g"),
          ("                p.sub_(v)", "                p.sub_(lr * v)")]
 CAUGHT_BY = "lr warming up and decaying, one step each"
+HINT = "the velocity carries the learning rate"

@@ -9,7 +9,7 @@ from dist_sgd.beyond.local_sgd import _parameters
 
 
 CAUGHT_BY = "average_parameters: every parameter becomes the ranks' mean, in place"
-HINT = "this rank still holds its own values"
+HINT = ("this rank still holds its own values", "params may be a generator")
 
 
 def average_parameters(params, group=None):

@@ -10,6 +10,7 @@ from dist_sgd.sgd.partition import _group_default
 
 
 CAUGHT_BY = "shuffled, seeds 0 and 7, n = 100 and 101, epoch 0"
+HINT = "draw from a generator of your own"
 
 
 class ShardSampler(Sampler):

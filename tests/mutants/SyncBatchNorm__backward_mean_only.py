@@ -8,3 +8,4 @@ PATCH = [("""    sums = torch.cat([dy2d.sum(0), (dy2d * xhat2d).sum(0)])
     dist.all_reduce(sums)
     return sums / n, (dy2d * xhat2d).sum(0) / dy2d.shape[0]""")]
 CAUGHT_BY = "global_means of dy and dy * xhat on uneven local batches"
+HINT = "both of backward's means are over the global batch"

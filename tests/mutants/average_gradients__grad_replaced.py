@@ -4,6 +4,7 @@ viewing them, a hook) still sees the sum. The average is in place: p.grad /= wor
 import torch.distributed as dist
 
 CAUGHT_BY = "one step of a model with frozen, unused and tied parameters"
+HINT = "p.grad = p.grad / p makes a new tensor"
 
 
 def average_gradients(model, flat=False, all_reduce=None):

@@ -9,7 +9,9 @@ from dist_sgd.course.grade import Grader
 
 grader = Grader("SGD", error_hints={
     "NoneType": "a parameter whose .grad is None gets no update: skip it (continue)",
-    "momentum_buffer": "keep the buffer in self.state[p][\"momentum_buffer\"] (torch's name)"})
+    "KeyError: 'momentum_buffer'": "self.state[p] starts empty: a parameter's first step finds "
+                                   "no \"momentum_buffer\" there; make it then, a copy of g "
+                                   "(state.get(\"momentum_buffer\") is None the first time)"})
 SHAPES = ((3, 5), (7,), (2, 1, 3))  # odd sizes
 ATOL = RTOL = 1e-12
 HINTS = {

@@ -31,6 +31,13 @@ def _torchs(peak, warmup, start, decay, steps, **kw):
     return out
 
 
+def _fitting(hints, step, warmup):
+    """The hint for where the first wrong step falls: the warmup's first step (its start),
+    a later one of the warmup (its rise), or the decay after it (its clock)."""
+    where = "start" if step == 0 and warmup > 0 else "rise" if step < warmup else "clock"
+    return [h for h in hints if h == HINTS[where]]
+
+
 def _compare(ctx, peak, warmup, start, decay, steps, hints, **kw):
     expected = _torchs(peak, warmup, start, decay, steps, **kw)
     for step, e in enumerate(expected):
@@ -40,7 +47,7 @@ def _compare(ctx, peak, warmup, start, decay, steps, hints, **kw):
                    f"lr_at({step}) returned {type(got).__name__}, expected a number")
         ctx.expect(abs(float(got) - e) <= REL * abs(e) + 1e-15,
                    f"step {step}: lr {float(got):.10g}, expected {e:.10g} (torch's chain; "
-                   f"tolerance {REL:.0e} x |expected|)", hints)
+                   f"tolerance {REL:.0e} x |expected|)", _fitting(hints, step, warmup))
 
 
 @grader.case("Goyal's warmup: 0.1 x 8 reached in 5 steps from 0.1, then divided by 10 twice")
