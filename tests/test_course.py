@@ -83,8 +83,10 @@ def cases(exercise):
 GRADINGS_AT_ONCE = 6
 
 # A wrong version that deadlocks costs the operation timeout: short ones here (a case's
-# operations take milliseconds; 3 s still leaves room on a busy machine).
+# operations take milliseconds; 3 s still leaves room on a busy machine). A case's whole run,
+# its group's start included, may take longer there: a deadline of its own.
 QUICK_TIMEOUT = 3.0
+QUICK_DEADLINE = 30.0
 
 
 @pytest.fixture
@@ -118,11 +120,13 @@ class Gradings:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w") as f:
                 f.write(skeleton(exercise))
-            return grade.run_grader(name, ("file", path), timeout=QUICK_TIMEOUT)
+            return grade.run_grader(name, ("file", path), timeout=QUICK_TIMEOUT,
+                                    deadline=QUICK_DEADLINE)
         exercise, path = exercise_of(name), learner_file(name, folder)
         if kind == "wrong":
             return grade.run_grader(exercise.name, ("file", path), titles=[caught_by(name)],
-                                    timeout=QUICK_TIMEOUT, stop_at_first=True)
+                                    timeout=QUICK_TIMEOUT, stop_at_first=True,
+                                    deadline=QUICK_DEADLINE)
         return grade.run_grader(exercise.name, ("file", path), timeout=grade.OPERATION_TIMEOUT)
 
     def results(self, kind, name):

@@ -428,7 +428,7 @@ def _from_rank_error(grader, title, world_size, error):
 
 
 def run_grader(name, impl, world_sizes=None, titles=None, on_result=None, timeout=None,
-               stop_at_first=False):
+               stop_at_first=False, deadline=None):
     """Grade exercise `name`'s implementation `impl` (see _load): one Result per (case, world
     size), case by case in the grader's order, every world size graded, so the count is the
     same on every run. At each world size the cases run one after the other in one spawned
@@ -436,9 +436,10 @@ def run_grader(name, impl, world_sizes=None, titles=None, on_result=None, timeou
     after a hang the rest of that world size are not run (Result.ran False). stop_at_first:
     end at the first failure anywhere (a test that needs only one). timeout: seconds per
     operation (default OPERATION_TIMEOUT, and then CASE_DEADLINE; else three times it), for
-    a caller that grades several at once."""
+    a caller that grades several at once. deadline: seconds for one (case, world size), spawn
+    included, instead (a caller whose short timeouts catch deadlocks, on a busy machine)."""
     operation = OPERATION_TIMEOUT if timeout is None else timeout
-    case_deadline = CASE_DEADLINE if timeout is None else 3 * timeout
+    case_deadline = deadline or (CASE_DEADLINE if timeout is None else 3 * timeout)
     grader = importlib.import_module(get(name).grader).grader
     sizes = tuple(world_sizes or grader.exercise.world_sizes)
     wanted = [t for t in grader.cases if titles is None or t in titles]
