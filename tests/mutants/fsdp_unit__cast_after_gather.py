@@ -7,7 +7,8 @@ Written as changes to the reference (dist_sgd/course/skeleton.reference)."""
 CAUGHT_BY = "gather in float16: the pieces cast before they are sent"
 HINT = "cast the piece to self.dtypes[i] before the all-gather: half the bytes"
 PATCH = [
-    ("            piece = s.param.detach().to(self.dtypes[i])  # cast first: float16 halves the bytes\n"
+    ("            piece = s.param.detach().to(self.dtypes[i])  # cast"
+     " first: float16 halves the bytes\n"
      "            work = self.comm.start(\"all_gather\", list(flat.split(s.size)), piece)\n",
      "            piece = s.param.detach()\n"
      "            full = piece.new_empty(numel)  # gathered in the parameter's dtype\n"

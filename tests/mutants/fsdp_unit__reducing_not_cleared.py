@@ -7,6 +7,7 @@ Written as changes to the reference (dist_sgd/course/skeleton.reference)."""
 CAUGHT_BY = "reduce-scatter: each rank gets its piece of the mean gradient, then adds"
 HINT = "count each padded gradient in, and out again when its reduce-scatter is done"
 PATCH = [
-    ("            self.memory.count(-flat.numel() * flat.element_size())\n        self.reducing = []\n",
+    ("            self.memory.count(-flat.numel() * flat.element_size())\n "
+     "       self.reducing = []\n",
      "            self.memory.count(-flat.numel() * flat.element_size())\n"),
 ]

@@ -9,5 +9,6 @@ CAUGHT_BY = "reduce-scatter: each rank gets its piece of the mean gradient, then
 HINT = "under sync=True every shard that requires grad gets a reduce-scatter"
 PATCH = [
     ("            if not s.param.requires_grad:\n                continue\n",
-     "            if not s.param.requires_grad or s.param.grad is None:\n                continue\n"),
+     "            if not s.param.requires_grad or s.param.grad is None:\n  "
+     "              continue\n"),
 ]

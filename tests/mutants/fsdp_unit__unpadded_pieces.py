@@ -7,6 +7,7 @@ Written as changes to the reference (dist_sgd/course/skeleton.reference)."""
 CAUGHT_BY = "reduce-scatter: each rank gets its piece of the mean gradient, then adds"
 HINT = "every piece an all-gather fills, and every piece a reduce-scatter sends, has s.size"
 PATCH = [
-    ("                flat = s.param.new_zeros(s.size * self.world_size)  # padded, the shard's dtype\n",
+    ("                flat = s.param.new_zeros(s.size * self.world_size)  #"
+     " padded, the shard's dtype\n",
      "                flat = s.param.new_zeros(s.numel)\n"),
 ]

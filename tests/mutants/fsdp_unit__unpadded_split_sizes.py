@@ -7,7 +7,8 @@ Written as changes to the reference (dist_sgd/course/skeleton.reference)."""
 CAUGHT_BY = "reduce-scatter: each rank gets its piece of the mean gradient, then adds"
 HINT = "pad each gradient with zeros to s.size * p elements before cutting it"
 PATCH = [
-    ("                flat = s.param.new_zeros(s.size * self.world_size)  # padded, the shard's dtype\n",
+    ("                flat = s.param.new_zeros(s.size * self.world_size)  #"
+     " padded, the shard's dtype\n",
      "                flat = s.param.new_zeros(s.numel)\n"),
     ("            work = self.comm.start(\"reduce_scatter\", out, list(flat.split(s.size)))\n",
      "            work = self.comm.start(\"reduce_scatter\", out,\n"

@@ -10,7 +10,8 @@ HINT = "a column-parallel layer splits the outputs: rows of nn.Linear's (out, in
 PATCH = [
     ("        self.weight = nn.Parameter(torch.empty(local, in_features, dtype=dtype))\n",
      "        self.weight = nn.Parameter(torch.empty(in_features, local, dtype=dtype))  # A\n"),
-    ("        y = F.linear(CopyToParallel.apply(x, self.group, self.log), self.weight, self.bias)\n",
+    ("        y = F.linear(CopyToParallel.apply(x, self.group, self.log),"
+     " self.weight, self.bias)\n",
      "        y = CopyToParallel.apply(x, self.group, self.log) @ self.weight + self.bias\n"),
     ("            layer.weight.copy_(linear.weight.chunk(layer.size, dim=0)[layer.rank])\n",
      "            layer.weight.copy_(linear.weight.t().chunk(layer.size, dim=1)[layer.rank])\n"),

@@ -8,5 +8,6 @@ CAUGHT_BY = "an empty folder: load_checkpoint returns None and changes nothing"
 HINT = "a first run finds no checkpoint: return None"
 PATCH = [
     ('    if folder is None:\n        return None\n',
-     '    if folder is None:\n        return {"step": 0}  # nothing saved: start at the beginning\n'),
+     '    if folder is None:\n'
+     '        return {"step": 0}  # nothing saved: start at the beginning\n'),
 ]
