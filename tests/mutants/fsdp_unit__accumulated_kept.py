@@ -6,6 +6,7 @@ from dist_sgd.shard.fsdp import _Gather, itemsize
 
 
 CAUGHT_BY = "no_sync: the full gradient kept, reduced with the next one"
+HINT = "once a synchronized backward has sent s.accumulated, clear it"
 
 
 class _Unit:

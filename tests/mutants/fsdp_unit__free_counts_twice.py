@@ -6,6 +6,7 @@ from dist_sgd.shard.fsdp import _Gather, itemsize
 
 
 CAUGHT_BY = "free: 0 bytes held; a tensor made before comes back with the next gather"
+HINT = "free() a unit that is free already: nothing to do"
 
 
 class _Unit:

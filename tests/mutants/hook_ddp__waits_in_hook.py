@@ -11,6 +11,7 @@ from dist_sgd.sgd.sync import broadcast_parameters
 
 
 CAUGHT_BY = "overlap: rank 1's backward reaches the first layer while its first all-reduce waits for rank 0"
+HINT = "start the all-reduce asynchronously and return at once"
 
 
 class HookDDP(nn.Module):

@@ -2,6 +2,7 @@
 each stage holds all m micro-batches instead of at most p."""
 
 CAUGHT_BY = "the order on every stage, m = p and m = p + 3"
+HINT = "the warm-up shrinks along the pipeline, p - 1 - s on stage s"
 
 
 def one_f_one_b(stage_index, num_stages, n_microbatches):

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 CAUGHT_BY = "n = 10007 float32 numbers (p does not divide n)"
+HINT = "each message must be one chunk on both sides"
 
 
 def ring_all_reduce(x):

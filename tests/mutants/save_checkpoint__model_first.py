@@ -19,6 +19,7 @@ from dist_sgd.faults.checkpoint import (LATEST, RESEEDED, RESTORED, _atomic_save
 
 
 CAUGHT_BY = "an optimizer the checkpoint does not fit: ValueError, the model left as it was"
+HINT = "check that everything fits before changing anything"
 
 
 def save_checkpoint(ckpt_dir, step, model, optimizer=None, items=None, sampler_state=None,

@@ -18,6 +18,7 @@ from dist_sgd.faults.checkpoint import (LATEST, RESEEDED, RESTORED, _atomic_save
 
 
 CAUGHT_BY = "checkpoints of steps 9 and 10 in one folder: step 10 loads"
+HINT = "\"step-10\" < \"step-9\" as text"
 
 
 def save_checkpoint(ckpt_dir, step, model, optimizer=None, items=None, sampler_state=None,

@@ -5,6 +5,7 @@ import torch
 from dist_sgd.comm.collectives import all_reduce
 
 CAUGHT_BY = "f: identity forward, the ranks' gradients summed backward"
+HINT = ("f and g swapped? f (CopyToParallel) is the identity", "f's forward sends nothing")
 
 
 class CopyToParallel(torch.autograd.Function):

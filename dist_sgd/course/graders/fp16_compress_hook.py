@@ -13,8 +13,11 @@ from dist_sgd.course.grade import Grader
 
 grader = Grader("fp16_compress_hook", error_hints={
     "NoneType": "process_group may be None: then use the default group (dist.group.WORLD)",
-    "Expected": "the Future's value must be one tensor, the bucket's flat gradient: "
-                "return fut.then(f -> the decompressed buffer), not the list f.value()"})
+    # DDP's words for a Future holding a list: made by then(), or all_reduce's own
+    "Unable to cast": "the Future's value must be one tensor, the bucket's flat gradient: "
+                      "return fut.then(f -> the decompressed buffer), not the list f.value()",
+    "hook result is a PyObject": "all_reduce's future holds a list: return its [0], "
+                                 "decompressed"})
 PER_RANK, STEPS = 5, 3
 
 

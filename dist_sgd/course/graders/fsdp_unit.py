@@ -12,11 +12,14 @@ from dist_sgd.comm.counted import Counted
 from dist_sgd.course.grade import Grader
 from dist_sgd.shard.fsdp import _Memory, _Shard
 
+PAD_HINT = "every piece an all-gather fills, and every piece a reduce-scatter sends, has " \
+           "s.size elements: pad to s.size * p"
+RESIZE_HINT = "resize the storages, never replace them"
 grader = Grader("fsdp_unit", error_hints={
     "split_with_sizes expects split_sizes to sum exactly": "pad each gradient with zeros to "
     "s.size * p elements before cutting it into p pieces of s.size",
-    "Tensor list input to scatter/gather must match": "every piece an all-gather fills, and "
-    "every piece a reduce-scatter sends, has s.size elements: pad to s.size * p",
+    "Tensor list input to scatter/gather must match": PAD_HINT,
+    "Check failed: outputs[0].sizes()": PAD_HINT,  # gloo's reduce-scatter, pieces of two sizes
     "different dtypes": "cast your piece to self.dtypes[i] before gathering it: the storage "
     "holds the compute dtype",
     "NoneType": "under sync=True every shard that requires grad gets a reduce-scatter"})
@@ -101,7 +104,8 @@ def free(ctx):
     twice = memory.live
     ctx.call(unit.gather)
     ctx.call(unit.wait)
-    again = early.clone()
+    held = early.untyped_storage().nbytes()  # 0: its storage was replaced, not grown back
+    again = early.clone() if held else None  # (reading a tensor on 0 bytes would crash)
     ctx.expect(sizes == [0, 0], f"the storages hold {sizes} bytes after free()",
                ["storage.resize_(0) for each of self.storages: the bytes go back, and the "
                 "tensors on them stay valid"])
@@ -109,8 +113,10 @@ def free(ctx):
                f"self.memory counts {live} bytes", ["self.memory.count(-self.nbytes)"])
     ctx.expect(twice == 0, f"self.memory counts {twice} bytes after a second free()",
                ["free() a unit that is free already: nothing to do"])
+    ctx.expect(held > 0, f"a weight tensor made before free() sits on a storage of {held} "
+               "bytes after the next gather: not the one gathered into", [RESIZE_HINT])
     ctx.expect_close(again, full[0], "a weight tensor made before free(), after the next gather",
-                     atol=0, hints=["resize the storages, never replace them"])
+                     atol=0, hints=[RESIZE_HINT])
 
 
 @grader.case("reduce-scatter: each rank gets its piece of the mean gradient, then adds")

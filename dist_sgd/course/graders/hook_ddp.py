@@ -12,7 +12,10 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from dist_sgd.course.grade import Grader
 
+FROZEN_HINT = "a frozen parameter keeps .grad None: hook only the parameters that require a " \
+              "gradient"
 grader = Grader("hook_ddp", error_hints={
+    "doesn't require gradient": FROZEN_HINT,  # torch refuses a hook on a frozen parameter
     "NoneType": "the hook runs once param.grad is accumulated: param.grad is set there (a "
                 "frozen parameter has no hook at all)",
     "queue_callback": "call_when_backward_ends only works while backward runs: call it from "
@@ -91,8 +94,7 @@ def _mine_steps(ctx, steps):
 
 def _expect_grads(ctx, got, want, step):
     ctx.expect(set(got) == set(want), f"step {step}: gradients for {sorted(got)}, expected "
-               f"{sorted(want)}", ["a frozen parameter keeps .grad None: hook only the "
-                                   "parameters that require a gradient"])
+               f"{sorted(want)}", [FROZEN_HINT])
     for name in want:
         # p times the mean is a sum, not a wait that was missed: its own hint (the symptoms')
         summed = ctx.world_size > 1 and got[name] is not None and \

@@ -19,7 +19,7 @@ from dist_sgd.ddp.compress import PowerSGDState
 grader = Grader("powerSGD_hook", error_hints={
     "KeyError: 0": "state.error_dict has no entry for a bucket the first time: create it as "
                 "zeros (torch.zeros_like(buffer))",
-    "size mismatch": "P = M Q is n x r (M is n x m, Q is m x r); Q = M^T P is m x r"})
+    "cannot be multiplied": "P = M Q is n x r (M is n x m, Q is m x r); Q = M^T P is m x r"})
 PER_RANK, STEPS, START = 6, 5, 2  # steps 0 and 1: plain all-reduce; 2, 3, 4: compressed
 TOL = dict(atol=1e-10, rtol=1e-8)  # float64: only the order of the sums differs from torch's
 

@@ -8,9 +8,8 @@ from dist_sgd.course.grade import COLLECTIVES, PAIRED_HANG_HINT, Grader
 
 grader = Grader("reduce_scatter", forbid=COLLECTIVES, hang_hint=PAIRED_HANG_HINT,
                 error_hints={
-    "doesn't match": "each message is one entry of the list: receive into a buffer shaped "
-                     "like output",
-    "must be a list": "input_list holds world size tensors: pass it on as it is"})
+    "must match the size of tensor": "each message is one entry of the list: receive into a "
+                                     "buffer shaped like output"})
 
 
 def _inputs(rank, p, shape, dtype):

@@ -8,10 +8,11 @@ from dist_sgd.course.grade import COLLECTIVES, PAIRED_HANG_HINT, Grader, random_
 grader = Grader("ring_all_reduce", forbid=COLLECTIVES, hang_hint=PAIRED_HANG_HINT,
                 error_hints={
     "out of range": "x.tensor_split(p) always gives p chunks (torch.chunk may give fewer)",
-    "must be contiguous": "send a chunk of x itself (a view), or .contiguous() a copy, then "
-                          "copy the arrived values back into x",
-    "doesn't match": "each message must be one chunk on both sides: receive into a buffer the "
-                     "size of the chunk your left neighbour sends"})
+    "be contiguous": "send a chunk of x itself (a view), or .contiguous() a copy, then "
+                     "copy the arrived values back into x",
+    "must match the size of tensor": "each message must be one chunk on both sides: receive "
+                                     "into a buffer the size of the chunk your left neighbour "
+                                     "sends"})
 
 
 def _input(rank, n, dtype):

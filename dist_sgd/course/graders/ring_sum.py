@@ -8,7 +8,8 @@ from dist_sgd.course.grade import BLOCKING_HANG_HINT, COLLECTIVES, Grader, rando
 
 grader = Grader("ring_sum", forbid=COLLECTIVES, hang_hint=BLOCKING_HANG_HINT,
                 error_hints={
-    "doesn't match": "receive into a buffer the size of the tensor your left neighbour sends"})
+    "must match the size of tensor": "receive into a buffer the size of the tensor your left "
+                                     "neighbour sends, and of its shape (torch.empty_like)"})
 
 
 def _input(rank, shape, dtype):

@@ -15,9 +15,7 @@ from dist_sgd.course.grade import Grader
 grader = Grader("save_checkpoint", error_hints={
     "No such file": "load_checkpoint reads what save_checkpoint wrote: the same folder and "
                     "file names, on every rank (and a dist.barrier() when one rank writes "
-                    "what the others read)",
-    "'NoneType' object is not subscriptable": "load_checkpoint returns None only when the "
-                                              "folder holds no checkpoint yet"})
+                    "what the others read)"})
 STEPS, KILLED_AT = 6, 3
 MOMENTUM_HINT = "the optimizer's state_dict() holds the momentum and the learning rate: save " \
                 "it, and load it with optimizer.load_state_dict"
@@ -73,9 +71,12 @@ def _new_process(ctx):
     return model, _optimizer(model)
 
 
-def _expect_step(ctx, state, step):
-    ctx.expect(isinstance(state, dict) and state.get("step") == step,
+def _expect_step(ctx, state, step, wrong_step=()):
+    """wrong_step: the hints for a dict naming another step (another checkpoint loaded)."""
+    returned = isinstance(state, dict) and isinstance(state.get("step"), int)
+    ctx.expect(returned and state["step"] == step,
                f"load_checkpoint returned {str(state)[:60]}, expected a dict with step {step}",
+               wrong_step if returned else
                ["return {\"step\": the step saved} (None only when there is no checkpoint)"])
 
 
@@ -228,8 +229,9 @@ def latest(ctx):
     fresh, fresh_opt = _new_process(ctx)
     state = ctx.call(ctx.impl.load_checkpoint, folder, fresh, fresh_opt)
     _finish(ctx, folder)
-    _expect_step(ctx, state, 10)
+    as_text = ["\"step-10\" < \"step-9\" as text: name the folders step-{step:08d} (they sort "
+               "as numbers), or keep the latest's name in a file of its own"]
+    _expect_step(ctx, state, 10, as_text)
     for (name, p), q in zip(fresh.named_parameters(), model.parameters()):
-        ctx.expect_close(p.detach(), q.detach(), f"{name} after loading", atol=0, hints=[
-            "\"step-10\" < \"step-9\" as text: name the folders step-{step:08d} (they sort "
-            "as numbers), or keep the latest's name in a file of its own"])
+        ctx.expect_close(p.detach(), q.detach(), f"{name} after loading", atol=0,
+                         hints=as_text)
