@@ -90,12 +90,15 @@ class Grader(Cases):
     """The cases of one exercise, run by the project's harness (dist_sgd.plumbing.cases) as the
     tests run theirs. forbid: torch.distributed functions the piece must not call (the
     collectives, when the exercise builds one); error_hints: {text in an error: hint};
-    hang_hint: what a deadlock means for this exercise."""
+    hang_hint: what a deadlock means for this exercise; after_case: called on every rank
+    once every rank is past a case, passed or failed (what a case leaves behind goes there)."""
 
-    def __init__(self, name, forbid=(), error_hints=None, hang_hint=HANG_HINT):
+    def __init__(self, name, forbid=(), error_hints=None, hang_hint=HANG_HINT,
+                 after_case=None):
         super().__init__()
         self.exercise = get(name)
         self.forbid, self.hang_hint = tuple(forbid), hang_hint
+        self.after_case = after_case
         self.error_hints = dict(error_hints or {})
         self.cases = {}
 
@@ -129,6 +132,10 @@ class Grader(Cases):
 
     def own_failure(self, failure):
         return failure is not None and NO_ANSWER not in failure[0]
+
+    def finished(self, title, rank, world_size):
+        if self.after_case is not None:
+            self.after_case()
 
 
 def _grader_of(module):

@@ -139,6 +139,10 @@ class Cases:
         be waiting): when it is so on every rank, `stop` goes on in the same group."""
         return False
 
+    def finished(self, key, rank, world_size):
+        """After each case on this rank, once the ranks compared notes (with `stop`: every rank
+        is past the case, whatever happened in it): a subclass's clean-up."""
+
     def own_failure(self, failure):
         """Whether a failure is this rank's own (not a symptom of a peer's): said through
         CaseFailed when the group breaks as the ranks compare notes."""
@@ -206,6 +210,7 @@ def _run_group(rank, world_size, cases, keys, args, stop, progress):
             anywhere = any(failed for failed, _ in everyone)
             clean = all(ok for _, ok in everyone)
         out[key] = Outcome(failure, value, anywhere)
+        cases.finished(key, rank, world_size)
         if stop and anywhere and not clean:
             break
     if not stop:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from dist_sgd.course.grade import Grader
 
-grader = Grader("save_checkpoint", error_hints={
+grader = Grader("save_checkpoint", after_case=lambda: _remove_folders(), error_hints={
     "No such file": "load_checkpoint reads what save_checkpoint wrote: the same folder and "
                     "file names, on every rank (and a dist.barrier() when one rank writes "
                     "what the others read)"})
@@ -53,15 +53,25 @@ def _step(ctx, model, opt):
     opt.step()
 
 
+_MADE = []  # the folders rank 0 made: gone after each case, also one that failed half-way
+
+
 def _folder(ctx):
     """One fresh folder, the same on every rank."""
-    return ctx.everyone(tempfile.mkdtemp(prefix="ckpt_") if ctx.rank == 0 else None)[0]
+    if ctx.rank == 0:
+        _MADE.append(tempfile.mkdtemp(prefix="ckpt_"))
+    return ctx.everyone(_MADE[-1] if ctx.rank == 0 else None)[0]
 
 
 def _finish(ctx, folder):
     ctx.everyone(None)  # every rank is done reading before the folder goes
-    if ctx.rank == 0:
-        shutil.rmtree(folder, ignore_errors=True)
+    _remove_folders()
+
+
+def _remove_folders():
+    """Rank 0's folders go (once every rank is past the case: the grader's after_case)."""
+    while _MADE:
+        shutil.rmtree(_MADE.pop(), ignore_errors=True)
 
 
 def _new_process(ctx):
