@@ -477,3 +477,53 @@ def test_a_rank_past_the_deadline_is_stopped_and_named():
 def test_a_non_positive_deadline_is_a_value_error(deadline):
     with pytest.raises(ValueError, match="deadline"):
         launch(_spin_on_rank_1, 1, deadline=deadline)
+
+
+# ---- the end of a rank: nothing left running into the process's end ------------------------
+
+def _torch_in_a_thread_at_exit(rank, world_size):
+    """A thread still inside torch's C++ code when the rank ends (as a gloo thread running a
+    future's Python callback would be): it wants the GIL back while the process ends."""
+    import threading
+
+    def spin():
+        while True:
+            torch.ones(1000).sum()
+
+    threading.Thread(target=spin, daemon=True).start()
+    time.sleep(0.2)
+    return rank
+
+
+def test_a_rank_ends_without_teardown_even_under_spawn(monkeypatch, capfd):
+    # Under "spawn" a rank used to exit through the interpreter's teardown, where a thread
+    # inside torch that takes the GIL back makes the C++ runtime abort the process
+    # ("terminate called without an active exception"), after its result had come back:
+    # the run passed, with an abort at its end. The fork server's children never tear down.
+    monkeypatch.setenv("DIST_SGD_START_METHOD", "spawn")
+    assert launch(_torch_in_a_thread_at_exit, 1) == [0]
+    err = capfd.readouterr().err
+    assert "terminate called" not in err, err
+
+
+def _slow_sum_on_the_helper_thread(rank, world_size, folder):
+    """Leaves fn with an all-reduce still to come on the ordered helper thread."""
+    from dist_sgd.comm.ordered import start_all_reduce
+
+    def slow_all_reduce(tensor):
+        time.sleep(0.5)  # the rank has returned from fn (and every peer too) by now
+        dist.all_reduce(tensor)
+        with open(os.path.join(folder, f"rank{rank}"), "w") as f:
+            f.write(str(tensor.item()))
+
+    start_all_reduce(torch.tensor([rank + 1.0]), slow_all_reduce)
+    return rank
+
+
+def test_work_on_the_helper_thread_finishes_before_the_rank_leaves_its_group(tmp_path):
+    # Each rank returns with its all-reduce still on the helper thread: the rank must let it
+    # finish (dist_sgd.comm.ordered.settle, called before leaving) instead of destroying the
+    # group under it.
+    assert launch(_slow_sum_on_the_helper_thread, 2, str(tmp_path)) == [0, 1]
+    sums = sorted(p.read_text() for p in tmp_path.iterdir())
+    assert sums == ["3.0", "3.0"], sums

@@ -10,12 +10,20 @@ this module keeps one order anyway:
 - start_all_reduce(tensor, all_reduce): an all-reduce that runs while backward goes on,
   returned as a torch.futures.Future, for torch's dist.all_reduce and for a hand-written,
   blocking one such as dist_sgd.comm.collectives.all_reduce (on one shared helper thread).
+- settle(timeout): wait until none of the above still runs: every start in order has issued
+  all it will, the helper thread has run every all-reduce given to it. launch() calls it in
+  every rank before the rank leaves its group (a collective cut off by the group's end fails
+  on its thread, or leaves that thread running into the process's end).
 """
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
 import torch.distributed as dist
+
+from dist_sgd.plumbing.launch import before_leaving
 
 # ---- one order of collectives per process -------------------------------------------------
 # A DDP bucket's plain all-reduce is issued when the bucket is launched, in bucket order: the
@@ -113,3 +121,26 @@ def start_all_reduce(tensor, all_reduce=None):
 
     _shared_launcher().submit(run)
     return future
+
+
+@before_leaving
+def settle(timeout=None):
+    """Wait (up to `timeout` seconds in all; None: no limit) until nothing started here still
+    runs on another thread: the in_order chain has issued everything (its last start's Future,
+    with its callbacks, is done) and the helper thread has run every job given to it (one
+    FIFO thread: a no-op submitted now runs after them). Raises TimeoutError if not."""
+    end = None if timeout is None else time.monotonic() + timeout
+    left = lambda: None if end is None else max(0.0, end - time.monotonic())  # noqa: E731
+    with _tail_lock:
+        tail = _tail
+    chained = threading.Event()
+    tail.add_done_callback(lambda _: chained.set())  # at once if done already
+    if not chained.wait(left()):
+        raise TimeoutError("the collectives started in order had not all been issued")
+    with _launcher_lock:
+        launcher = _launcher
+    if launcher is not None:
+        try:
+            launcher.submit(lambda: None).result(left())
+        except FutureTimeout:
+            raise TimeoutError("the helper thread was still running an all-reduce") from None

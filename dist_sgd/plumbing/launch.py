@@ -16,8 +16,13 @@ RankError naming the rank that caused it, with every failed rank's traceback; wh
 hangs, its peers' next receive times out (after `timeout` seconds) and that is reported the
 same way. What happens after fn returns never fails because a peer is still busy: a rank
 that finished waits (without a time limit: only the launcher watching the ranks ends it)
-until every rank has finished, and only then leaves the group.
+until every rank has finished, then lets the work it still has in flight finish (see
+before_leaving), and only then leaves the group. A spawned rank then ends as the fork server
+ends its children, without the interpreter's teardown, whatever the start method: a thread of
+torch's that still runs Python then (a future's callback, a Python thread inside torch) would
+abort the process ("terminate called without an active exception").
 """
+import atexit
 import datetime
 import multiprocessing as mp
 import multiprocessing.connection
@@ -87,6 +92,42 @@ def _init(rank, world_size, backend, timeout, url=None, store=None):
                             world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
 
 
+_BEFORE_LEAVING = []  # what every rank calls once every rank's fn has returned, before leaving
+
+
+def before_leaving(settle):
+    """Have every rank call settle(timeout) after every rank's fn has returned and before it
+    leaves the group: a part that can still have work in flight then (a helper thread, Python
+    callbacks on torch's threads) lets it finish there, waiting up to `timeout` seconds (the
+    group's), so none of it runs while the group is destroyed or the process ends. Registered
+    once per function; returns it (usable as a decorator)."""
+    if settle not in _BEFORE_LEAVING:
+        _BEFORE_LEAVING.append(settle)
+    return settle
+
+
+def _settle(timeout):
+    """Every before_leaving function; a failure is reported, never raised (fn's work is done)."""
+    for settle in list(_BEFORE_LEAVING):
+        try:
+            settle(timeout)
+        except Exception as e:  # noqa: BLE001
+            print(f"[rank {_rank()}] warning: work still in flight when the rank left: {e}",
+                  file=sys.stderr, flush=True)
+
+
+def _end_without_teardown():
+    """End this process at once, as the fork server ends every child it forks: no interpreter
+    teardown. There, a thread of torch's that wants the GIL (a future's callback on a gloo
+    thread, a Python thread inside torch) makes the C++ runtime abort the process."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream has nothing to flush
+            pass
+    os._exit(0)
+
+
 def _leave_group():
     """Destroy the group if fn left it up; a failure here is reported, never raised: fn's
     work is done and its result delivered."""
@@ -153,7 +194,12 @@ def _child(fn, rank, world_size, args, backend, url, timeout, threads, env, conn
         conn.recv_bytes()
     except (EOFError, OSError):
         pass
+    _settle(timeout)
     _leave_group()
+    # Under "spawn" the child would now exit through the interpreter's teardown (the fork server
+    # skips it); multiprocessing's own cleanup (joining this process's threads and children)
+    # still runs first: atexit comes after it.
+    atexit.register(_end_without_teardown)
 
 
 def _context():
@@ -452,6 +498,7 @@ def _run_here(fn, world_size, args, backend, timeout, threads):
                 os._exit(1)
             raise
         results = _meet(store, rank, size, result)
+        _settle(timeout)  # torchrun's process goes on (and tears down): nothing may be in flight
     finally:
         _leave_group()
     if exiting is not None:
