@@ -232,8 +232,27 @@ def test_a_lesson_runs_across_nodes_with_torchrun(lesson_started):
     checks = re.findall(r"\[node 0\] .*max difference (\S+) \(tolerance (\S+)\)", out)
     assert len(checks) >= 5, out[-3000:]  # the lesson's checks, made on node 0, all kept
     assert all(float(d) <= float(t) for d, t in checks), checks
-    assert "Traceback" not in out + err
+    assert "Traceback" not in without_torchruns_goodbye(out + err)
     assert made_by(proc.pid) == []
+
+
+def without_torchruns_goodbye(text):
+    """The text less torchrun's own exit-barrier error: once every worker has finished, the
+    agents meet at a last barrier on node 0's store, and node 0's agent may leave (its store
+    with it) before the others read the last key, a race in torch's elastic agent (pytorch issue
+    69520, open); it logs a traceback and exits 0. Anything else stays."""
+    agent = [line for line in text.splitlines() if "elastic/agent/server/api.py:" in line]
+    if not any("_exit_barrier" in line for line in agent):
+        return text
+    return "\n".join(line for line in text.splitlines() if line not in agent)
+
+
+def test_torchruns_goodbye_is_the_only_traceback_let_through():
+    agent = "[node 1] E1203 site-packages/torch/distributed/elastic/agent/server/api.py:1008]"
+    goodbye = f"{agent} Traceback (most recent call last):\n{agent}   in _exit_barrier\nok"
+    assert "Traceback" not in without_torchruns_goodbye(goodbye)
+    assert "Traceback" in without_torchruns_goodbye(f"{agent} Traceback (most recent ...):\nx")
+    assert "Traceback" in without_torchruns_goodbye(goodbye + "\n[node 0] Traceback (most")
 
 
 def test_variables_in_a_command_list_are_replaced_per_node():
