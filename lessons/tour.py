@@ -1,7 +1,7 @@
 """The lesson tour: every lesson in order, each as its own program.
 
     python3 lessons/tour.py --quick    # start here: every lesson at tiny size, a few minutes
-    python3 lessons/tour.py            # every lesson at its tour size, about 8 minutes on 2 cores
+    python3 lessons/tour.py            # every lesson at its tour size, about 7 minutes on 2 cores
 
 Each lesson is its own program (run one alone with `python3 lessons/NN_name.py`); the tour
 only runs them one after another, stops at the first that fails, and says which. Every
@@ -21,8 +21,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-# lesson number -> (the flags the full tour adds, why). With these the tour takes about 8
-# minutes on 2 cores as root (lessons 10 and 17 over a minute each). Lesson 10 keeps its size:
+# lesson number -> (the flags the full tour adds, why). With these the tour takes about 6.5
+# minutes on 2 cores as root (lessons 10 and 17 about a minute each). Lesson 10 keeps its size:
 # at --quick its loopback fit of alpha and beta can fail on a busy machine.
 TOUR_SIZE = {
     "06": (["--quick"], "its full size trains for a minute on real data (the same checks)"),
