@@ -305,6 +305,15 @@ def test_each_declared_hint_is_a_graders_hint():
     assert not stale, f"HINT names no hint a grader gives: {stale}"
 
 
+def test_a_timeout_is_read_off_the_exception_not_the_code_the_traceback_quotes():
+    quoted = ('Traceback (most recent call last):\n  File "mine.py", line 3, in f\n'
+              '    work.wait(timeout=datetime.timedelta(seconds=3))\n')
+    assert not grade._no_answer(quoted + "ValueError: chunk 2 has 4 elements, expected 5\n")
+    assert grade._no_answer(quoted + "RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:81] "
+                                     "Timed out waiting 3000ms for recv operation to complete\n")
+    assert grade._no_answer(quoted + "RuntimeError: Connection closed by peer [127.0.0.1]:1\n")
+
+
 def test_numbers_are_shown_with_the_digits_that_tell_them_apart():
     assert grade._apart(1.5409960001, 1.5409960002) == ("1.5409960001", "1.5409960002")
     assert grade._apart(0.25, 0.75) == ("0.25", "0.75")

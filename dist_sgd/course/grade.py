@@ -358,7 +358,7 @@ def _run_one(grader, title, rank, world_size, impl):
         # A peer never answered: torch's timeout, raised here; or a peer's timeout fired first
         # and gloo closed the pair, so this rank, still waiting, reads the closed connection
         # (the deadlock's doing, not the piece's own error).
-        if _TIMED_OUT.search(text) or _PEER_GONE.search(text):
+        if _no_answer(text):
             return f"{where}: {NO_ANSWER} a receive or collective timed out", [grader.hang_hint]
         return f"{where}: {_exception_line(text).split('; hint:')[0]}", _error_hints(grader, text)
     return None
@@ -393,6 +393,14 @@ NO_ANSWER = "no answer within the time limit:"
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failure|Interrupt|Exit)\b.*")
 
 
+def _no_answer(tb):
+    """Whether a traceback's exception says a peer never answered (torch's timeout, or a pair
+    gloo closed after a peer's timeout): read off the exception, never off the source lines
+    the traceback quotes (a line of code that says "timeout" is no timeout)."""
+    raised = _exception_line(tb)
+    return bool(_TIMED_OUT.search(raised) or _PEER_GONE.search(raised))
+
+
 def _exception_line(tb):
     """The last exception's first line and what follows it (a message may span lines)."""
     lines = tb.rstrip().splitlines()
@@ -423,7 +431,7 @@ def _from_rank_error(grader, title, world_size, error):
     # The ranks' notes after a case broke: a peer had timed out in it (a case that failed
     # otherwise says so through CaseFailed), so the case hung too.
     broke = "all_gather_object(everyone" in tb
-    hung = "deadline" in first or broke or bool(_TIMED_OUT.search(tb + first))
+    hung = "deadline" in first or broke or bool(_TIMED_OUT.search(_exception_line(tb) + first))
     if hung and "NotImplementedError" not in text:
         text = f"{NO_ANSWER} " + ("it did not finish" if "deadline" in first
                                   else "a receive or collective timed out")
