@@ -82,9 +82,10 @@ def cases(exercise):
 # took 80 s for this file and tests/test_graders.py on 2 cores where three took 98 s (ten: 76 s).
 GRADINGS_AT_ONCE = 6
 
-# A wrong version that deadlocks costs the operation timeout: short ones here (a case's
-# operations take milliseconds; 3 s still leaves room on a busy machine). A case's whole run,
-# its group's start included, may take longer there: a deadline of its own.
+# A wrong version that deadlocks costs the operation timeout (every rank asleep that long):
+# short here. A busy machine does not shorten it (the launcher watches the ranks sleep, not
+# the clock), but a case's whole run, its group's start included, takes longer there: a
+# deadline of its own.
 QUICK_TIMEOUT = 3.0
 QUICK_DEADLINE = 30.0
 
@@ -289,9 +290,10 @@ def _strings(node):
 
 
 def _hint_texts():
-    """Every string the graders and grade.py can write."""
+    """Every string the graders, grade.py and context.py can write."""
     texts = []
-    for path in glob.glob(os.path.join(ROOT, "dist_sgd", "course", "grade*.py")) + \
+    course = os.path.join(ROOT, "dist_sgd", "course")
+    for path in [os.path.join(course, "grade.py"), os.path.join(course, "context.py")] + \
             glob.glob(os.path.join(ROOT, "dist_sgd", "course", "graders", "*.py")):
         for node in ast.walk(ast.parse(open(path).read())):
             texts += _strings(node)
@@ -332,6 +334,23 @@ def test_a_deadlock_is_a_failed_check_naming_a_rank_not_a_hang(quick_timeouts):
     assert lines[0].startswith(f"ring_all_reduce: 0 of {len(results)} checks pass (1 fail, "
                                f"{len(results) - 1} not run after a hang)"), lines
     assert any(line.startswith("  NOT RUN at world size 2") for line in lines), lines
+
+
+def test_a_ranks_own_error_while_its_peer_waits_for_it_is_that_error_not_a_hang(tmp_path):
+    # Rank 0 fails before sending; rank 1 waits for it until the grading sees every rank
+    # asleep: the report is rank 0's error, with the rest of that world size still graded.
+    impl = tmp_path / "gives_up.py"
+    impl.write_text("import torch.distributed as dist\n\n\ndef ring_all_reduce(x):\n"
+                    "    if dist.get_rank() == 0:\n"
+                    "        raise ValueError('chunk 1 has 3 elements, expected 4')\n"
+                    "    dist.recv(x.clone(), src=0)\n")
+    results = grade.run_grader("ring_all_reduce", ("file", str(impl)), world_sizes=(2,),
+                               timeout=QUICK_TIMEOUT)
+    first = results[0]
+    assert not first.ok and not first.hung, first
+    assert "world size 2, rank 0" in first.line, first.line
+    assert "ValueError: chunk 1 has 3 elements, expected 4" in first.line, first.line
+    assert all(r.ran for r in results), "no hang: every case was graded"
 
 
 def test_a_peer_that_gave_up_waiting_is_a_hang_not_the_pieces_error(tmp_path):

@@ -473,6 +473,62 @@ def test_a_rank_past_the_deadline_is_stopped_and_named():
     assert time.monotonic() - start < 20
 
 
+def _deadlock(rank, world_size):
+    dist.recv(torch.zeros(4), src=1 - rank)  # both receive first: nobody sends
+
+
+def _busy_then_send(rank, world_size, seconds):
+    """Rank 1 works (pure Python, on a core) for `seconds` before it sends: rank 0 waits."""
+    if rank == 1:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pass
+        dist.send(torch.ones(4), dst=0)
+        return None
+    got = torch.zeros(4)
+    dist.recv(got, src=1)
+    return got.tolist()
+
+
+def test_a_deadlock_is_caught_by_the_ranks_sleeping_not_by_a_timeout():
+    start = time.monotonic()
+    with pytest.raises(RankError, match="every rank still running slept for 1.5 s"):
+        launch(_deadlock, 2, timeout=120, stall=1.5)
+    assert time.monotonic() - start < 30, "caught by the watch, long before torch's timeout"
+
+
+def test_a_peer_that_works_longer_than_the_stall_is_no_deadlock(monkeypatch):
+    # Watched, rank 0's long wait is no hang: rank 1 is on a core all along.
+    assert launch(_busy_then_send, 2, 3.0, timeout=120, stall=1.0)[0] == [1.0] * 4
+    # Where the ranks cannot be watched, the stall is each operation's timeout: the same wait
+    # then reads as a hang (what a busy machine does to a short timeout).
+    monkeypatch.setattr(launcher.watch, "available", lambda: False)
+    with pytest.raises(RankError, match="rank 0 failed"):
+        launch(_busy_then_send, 2, 3.0, timeout=120, stall=1.0)
+
+
+def test_the_watch_tells_a_sleeping_process_from_a_working_one():
+    from dist_sgd.plumbing import watch
+    sleeping = subprocess.Popen(["sleep", "30"])
+    working = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        asleep, busy = watch.Stall(0.5), watch.Stall(0.5)
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            seen = asleep.stalled([sleeping.pid]), busy.stalled([working.pid])
+            time.sleep(0.1)
+        assert seen == (True, False), seen
+    finally:
+        sleeping.kill()
+        working.kill()
+
+
+@pytest.mark.parametrize("stall", [0, -2])
+def test_a_non_positive_stall_is_a_value_error(stall):
+    with pytest.raises(ValueError, match="stall"):
+        launch(_spin_on_rank_1, 1, stall=stall)
+
+
 @pytest.mark.parametrize("deadline", [0, -1, float("nan")])
 def test_a_non_positive_deadline_is_a_value_error(deadline):
     with pytest.raises(ValueError, match="deadline"):

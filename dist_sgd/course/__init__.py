@@ -4,5 +4,6 @@
     exercises   the registry: every exercise, its lesson, what the learner writes, its hints
     skeleton    the learner's file, generated from the reference's marked region
     grade       cases run inside spawned ranks, each failure one line to act on
+    context     what a case sees in its rank: the piece, the expectations, the watch on calls
     graders/    one grader per exercise, named as the exercise
 """

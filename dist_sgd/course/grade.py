@@ -1,31 +1,21 @@
 """How an exercise is graded: cases run inside spawned ranks, each failure one line to act on.
 
-A grader (graders/<name>.py) is a list of cases:
-
     grader = Grader("average_gradients")
 
     @grader.case("one step of the Awkward model")
-    def one_step(ctx):                      # runs on every rank of a group of ctx.world_size
-        ...                                 # everything (all collectives) first, then:
+    def one_step(ctx):                  # on every rank; the piece is ctx.impl, called through
+        ...                             # ctx.call (its sends counted, forbidden calls refused)
         ctx.expect_close(got, expected, "fc.weight's gradient", atol=1e-12)
 
-ctx.impl holds the piece being graded (the library's, the learner's through DIST_SGD_MINE, or
-a file: a mutant, the skeleton); a case never imports the piece itself. ctx.call(fn, ...)
-calls it with torch's collectives counted, or refused where the exercise must be built
-without them, and the bytes it sends counted. A failed expectation is one line:
-
-    ring_all_reduce, world size 3, rank 1, n = 10007: element 3336 is 1.25, expected 3.75
-    (tolerance 1e-05)
-      hint: the result is p = 3 times too big: summed but not divided by the world size
-
-Every case is graded at every world size of the exercise, so a report counts the same
-(case, world size) pairs on every run. At each world size the cases run one after the other in
-one spawned group, on the project's own harness (dist_sgd.plumbing.cases, which runs the
-tests' cases too): the ranks compare notes after each case and stop together at a failure
-(one that sent nothing on any rank leaves the group clean, and the next case goes on in it),
-and the rest go on in a fresh group. A short timeout on each operation and a deadline for the
-whole run make a hang, a crash or NotImplementedError a failed check naming its rank, never a
-hang; after a hang, the rest of that world size is reported as not run.
+A failure reads: "ring_all_reduce, world size 3, rank 1, n = 10007: element 3336 is 1.25,
+expected 3.75 (tolerance 1e-05)", with a hint read off the evidence. Every case runs at every
+world size of its exercise, one after the other in one spawned group per size (the tests'
+harness, dist_sgd.plumbing.cases); the ranks compare notes after each case and stop together
+at a failure, and the rest go on in a fresh group. A deadlock (every rank asleep for
+OPERATION_TIMEOUT seconds, seen by the launcher however busy the machine), a crash,
+NotImplementedError or the run's deadline is a failed check naming its rank, never a hang;
+after a hang, the rest of that world size is not run. What a case sees inside its rank (the
+Context, the watch on torch.distributed): dist_sgd.course.context.
 """
 import importlib
 import json
@@ -35,17 +25,16 @@ import time
 import types
 from dataclasses import dataclass, field
 
+from dist_sgd.course.context import (COLLECTIVES, RECEIVES, SENDS, Context, Failure,  # noqa: F401
+                                     _apart, _num, _Watch, random_input, symptoms)
 from dist_sgd.course.exercises import get
 from dist_sgd.plumbing.cases import Cases, GroupBroke
+from dist_sgd.plumbing.launch import DEFAULT_TIMEOUT, STALLED
 from dist_sgd.plumbing.mine import MINE, ONLY, load_file
 
-OPERATION_TIMEOUT = float(os.environ.get("DIST_SGD_COURSE_TIMEOUT", 10))  # seconds per operation
+# Seconds every rank may sleep (wait for a message) before the grading calls it a deadlock.
+OPERATION_TIMEOUT = float(os.environ.get("DIST_SGD_COURSE_TIMEOUT", 10))
 CASE_DEADLINE = 3 * OPERATION_TIMEOUT  # seconds for one (case, world size), spawn included
-COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-               "gather", "scatter", "all_gather_object", "broadcast_object_list",
-               "gather_object", "scatter_object_list", "barrier")
-SENDS, RECEIVES = ("isend", "send"), ("irecv", "recv")
 # What a hang means, by how the piece talks (a grader picks the one that fits its exercise).
 HANG_HINT = ("a rank waited for a message that never came: every rank must make the same "
              "collective calls in the same order (a rank that skips one, or makes one more, "
@@ -68,14 +57,6 @@ COMMON_ERROR_HINTS = {
     "killed by signal 6": "a rank's process aborted inside gloo: usually a sender and its "
                           "receiver disagree on a message's size (the receive buffer must have "
                           "as many elements, of the same dtype, as the tensor sent)"}
-
-
-class Failure(AssertionError):
-    """A failed expectation: one line (what, where, got, expected, tolerance) and hints."""
-
-    def __init__(self, line, hints=()):
-        super().__init__(line)
-        self.line, self.hints = line, [h for h in hints if h][:2]
 
 
 @dataclass
@@ -116,13 +97,13 @@ class Grader(Cases):
         return register
 
     # the harness's hooks, inside a rank
-    def prepare(self, rank, world_size, impl):
+    def prepare(self, rank, world_size, impl, patience):
         _Watch.install()
-        return (impl,)
+        return impl, patience
 
     def attempt(self, title, rank, world_size, shared):
         _Watch.traffic = False
-        failure = _run_one(self, title, rank, world_size, shared[0])
+        failure = _run_one(self, title, rank, world_size, *shared)
         return failure, None
 
     def clean(self, failure):
@@ -149,174 +130,6 @@ def grader_of(name):
 
 # ---- inside a rank --------------------------------------------------------------------------
 
-class _Watch:
-    """Wraps torch.distributed's functions once per process: while the piece runs they count
-    the bytes it sends and the collectives it calls, and refuse the forbidden ones."""
-
-    active, forbid, sent, calls, name, depth, traffic = False, (), 0, None, "", 0, False
-
-    @classmethod
-    def install(cls):
-        import torch.distributed as dist
-        import torch.distributed.distributed_c10d as c10d
-        if getattr(c10d, "_dist_sgd_watched", False):
-            return
-        for fname in COLLECTIVES + SENDS + RECEIVES:
-            original = getattr(c10d, fname, None)
-            if original is None:
-                continue
-            wrapper = cls._wrap(fname, original)
-            setattr(c10d, fname, wrapper)  # batch_isend_irecv's P2POp checks c10d.isend
-            if getattr(dist, fname, None) is original:
-                setattr(dist, fname, wrapper)
-        c10d._dist_sgd_watched = True
-
-    @classmethod
-    def _wrap(cls, fname, original):
-        def watched(*args, **kwargs):
-            if cls.active:
-                cls.traffic = True
-            if cls.active and cls.depth == 0:  # send() calls isend(): count the outer call
-                if fname in cls.forbid:
-                    raise Failure(f"{cls.name} called torch.distributed.{fname}",
-                                  [f"build it from isend/irecv (or send/recv) only: no "
-                                   f"torch collective inside {cls.name}"])
-                if fname in SENDS:
-                    tensor = args[0] if args else kwargs["tensor"]
-                    cls.sent += tensor.numel() * tensor.element_size()
-                cls.calls[fname] = cls.calls.get(fname, 0) + 1
-            cls.depth += 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                cls.depth -= 1
-        watched.__name__ = watched.__qualname__ = fname
-        watched.__wrapped__ = original
-        return watched
-
-
-class Context:
-    """What a case sees on its rank: rank, world_size, impl, and the expectations."""
-
-    def __init__(self, grader, title, rank, world_size, impl):
-        self.grader, self.title = grader, title
-        self.rank, self.world_size, self.impl = rank, world_size, impl
-        self.sent_bytes, self.calls = 0, {}
-
-    def call(self, fn, *args, **kwargs):
-        """fn(*args, **kwargs) as the piece: its sends counted (self.sent_bytes), its torch
-        calls counted (self.calls), the grader's forbidden collectives refused."""
-        _Watch.forbid, _Watch.sent, _Watch.calls = self.grader.forbid, 0, {}
-        _Watch.name, _Watch.active = self.grader.exercise.name, True
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _Watch.active = False
-            self.sent_bytes, self.calls = _Watch.sent, dict(_Watch.calls)
-
-    def where(self):
-        return f"{self.grader.exercise.name}, world size {self.world_size}, rank {self.rank}, " \
-               f"{self.title}"
-
-    def fail(self, what, hints=()):
-        raise Failure(f"{self.where()}: {what}", hints)
-
-    def expect(self, condition, what, hints=()):
-        if not condition:
-            self.fail(what, hints)
-
-    def expect_close(self, got, expected, what, atol, rtol=0.0, own=None, hints=()):
-        """got == expected within atol + rtol * |expected|, element by element; on the first
-        element that is not, a Failure naming it, with the symptom hints that fit."""
-        import torch
-        if not isinstance(got, torch.Tensor):
-            self.fail(f"{what} is {type(got).__name__}, expected a tensor", hints)
-        if tuple(got.shape) != tuple(expected.shape):
-            self.fail(f"{what} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}",
-                      hints)
-        if got.dtype != expected.dtype:
-            self.fail(f"{what} has dtype {got.dtype}, expected {expected.dtype}", hints)
-        g, e = got.detach().cpu().double(), expected.detach().cpu().double()
-        bad = ((g - e).abs() > atol + rtol * e.abs()) | (g.isnan() != e.isnan())
-        if not bad.any():
-            return
-        index = [int(i) for i in bad.nonzero()[0]]
-        shown = f"element {index[0]}" if len(index) == 1 else f"element {index}"
-        tolerance = f"{atol:.0e}" + (f" + {rtol:.0e} x |expected|" if rtol else "")
-        a, b = _apart(g[tuple(index)], e[tuple(index)])
-        self.fail(f"{what}, {shown} is {a}, expected {b}, a difference of "
-                  f"{_num(abs(float(g[tuple(index)]) - float(e[tuple(index)])), 2)} "
-                  f"(tolerance {tolerance})",
-                  list(hints) + symptoms(g, e, self.world_size, own))
-
-    def everyone(self, obj):
-        """Every rank's obj (picklable), in rank order: for comparing ranks after the call."""
-        import torch.distributed as dist
-        out = [None] * self.world_size
-        dist.all_gather_object(out, obj)
-        return out
-
-    def expect_same_on_every_rank(self, tensor, what, hints=()):
-        """Every rank holds the same bytes as rank 0 (call on every rank)."""
-        import torch
-        mine = tensor.detach().cpu()
-        ranks = self.everyone(mine)
-        for r, theirs in enumerate(ranks):
-            if not torch.equal(theirs, ranks[0]):
-                differ = (theirs != ranks[0]).nonzero()[0].tolist()
-                if self.rank == r:
-                    self.fail(f"{what} differs from rank 0's at element {differ}: "
-                              f"{_num(theirs[tuple(differ)], 17)} here, "
-                              f"{_num(ranks[0][tuple(differ)], 17)} on rank 0", hints)
-
-
-def random_input(seed, shape, dtype):
-    """A case's input, the same on every run: normal floats, or integers in [-1000, 1000)."""
-    import torch
-    g = torch.Generator().manual_seed(seed)
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g, dtype=dtype)
-    return torch.randint(-1000, 1000, shape, generator=g, dtype=dtype)
-
-
-def _num(x, digits=7):
-    x = float(x)
-    return f"{x:.{digits}g}"
-
-
-def _apart(got, expected):
-    """got and expected with as many digits as it takes to tell them apart (7 at least)."""
-    for digits in range(7, 18):
-        a, b = _num(got, digits), _num(expected, digits)
-        if a != b:
-            break
-    return a, b
-
-
-def symptoms(got, expected, world_size, own=None):
-    """Hints read off a wrong result: what it equals instead (float64 tensors)."""
-    import torch
-
-    def near(a, b):
-        return a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-6)
-
-    found = []
-    if own is not None:
-        own = own.detach().cpu().double()
-        if near(got, own) and not near(expected, own):
-            found.append("this rank still holds its own values: nothing arrived (received into "
-                         "a copy, or the result not written back in place?)")
-    p = world_size
-    if p > 1 and expected.abs().max() > 0:
-        if near(got, expected * p):
-            found.append(f"the result is p = {p} times too big: summed but not divided by "
-                         "the world size")
-        elif near(got, expected / p):
-            found.append(f"the result is p = {p} times too small: divided twice (ReduceOp.AVG "
-                         "and a division, or averaged on top of a DDP)")
-    return found
-
-
 def _load(exercise, impl):
     """The piece to grade, as a namespace of the exercise's symbols. impl: ("module", None) the
     reference; ("switch", DIR) the learner's through DIST_SGD_MINE; ("file", PATH) a file; or
@@ -342,11 +155,11 @@ def _load(exercise, impl):
     return types.SimpleNamespace(**{s: getattr(module, s) for s in exercise.symbols})
 
 
-def _run_one(grader, title, rank, world_size, impl):
+def _run_one(grader, title, rank, world_size, impl, patience=OPERATION_TIMEOUT):
     """One case on this rank: None when it held, else (line, hints)."""
     where = f"{grader.exercise.name}, world size {world_size}, rank {rank}, {title}"
     try:
-        ctx = Context(grader, title, rank, world_size, _load(grader.exercise, impl))
+        ctx = Context(grader, title, rank, world_size, _load(grader.exercise, impl), patience)
         grader.cases[title].run(ctx)
     except Failure as failure:
         line = failure.line if failure.line.startswith(f"{grader.exercise.name}, world size") \
@@ -420,7 +233,11 @@ def _error_hints(grader, text):
 
 
 def _from_rank_error(grader, title, world_size, error):
-    """A RankError (a rank raised, died or hung) as a Result naming the rank."""
+    """A RankError (a rank raised, died or hung) as a Result naming the rank: a failure a rank
+    reported in the case before the group broke (its peers waited for it) before the rest."""
+    if getattr(error, "reported", None):
+        line, hints = error.reported[min(error.reported)]
+        return Result(title, world_size, False, line, list(hints))
     tb = error.tracebacks.get(error.rank, "") or ""
     failed = re.search(r"CaseFailed: (.*)", tb)
     if failed:  # a failure this rank reported itself, after which its peers gave up waiting
@@ -434,7 +251,8 @@ def _from_rank_error(grader, title, world_size, error):
     hung = "deadline" in first or broke or bool(_TIMED_OUT.search(_exception_line(tb) + first))
     if hung and "NotImplementedError" not in text:
         text = f"{NO_ANSWER} " + ("it did not finish" if "deadline" in first
-                                  else "a receive or collective timed out")
+                                  else "every rank waited for a message no peer sends"
+                                  if STALLED in first else "a receive or collective timed out")
         hints = [grader.hang_hint]
     else:
         text, hints = text.split("; hint:")[0], _error_hints(grader, tb + "\n" + first)
@@ -455,6 +273,10 @@ def run_grader(name, impl, world_sizes=None, titles=None, on_result=None, timeou
     included, instead (a caller whose short timeouts catch deadlocks, on a busy machine)."""
     operation = OPERATION_TIMEOUT if timeout is None else timeout
     case_deadline = deadline or (CASE_DEADLINE if timeout is None else 3 * timeout)
+    # A deadlock is seen by watching the ranks sleep for `operation` seconds (launch's stall),
+    # not by an operation's timeout, which a rank waiting for a busy peer's core would hit too:
+    # torch's own timeout only backs the watch up.
+    backstop = max(DEFAULT_TIMEOUT, case_deadline)
     grader = importlib.import_module(get(name).grader).grader
     sizes = tuple(world_sizes or grader.exercise.world_sizes)
     wanted = [t for t in grader.cases if titles is None or t in titles]
@@ -465,8 +287,8 @@ def run_grader(name, impl, world_sizes=None, titles=None, on_result=None, timeou
         todo = [t for t in wanted if ws in (grader.cases[t].world_sizes or sizes)]
         while todo:
             try:
-                out = grader.run(ws, todo, impl, stop=True, timeout=operation,
-                                 deadline=case_deadline + operation * len(todo))
+                out = grader.run(ws, todo, impl, operation, stop=True, timeout=backstop,
+                                 stall=operation, deadline=case_deadline + operation * len(todo))
                 ran = [_from_outcomes(name, ws, title, [o[title] for o in out])
                        for title in todo if title in out[0]]
             except GroupBroke as error:

@@ -7,5 +7,6 @@
     timing      time_alternating: A B A B ..., medians, the slowest rank per sample
     figures     the figures' CSVs (read, write, where)
     mine        DIST_SGD_MINE=DIR: a learner's file where the library's piece was (swap_in)
+    watch       a deadlock told from a busy machine: every rank asleep, seen from /proc
     cases       named cases run in one spawned group per world size: the tests' and graders'
 """

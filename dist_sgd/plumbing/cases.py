@@ -30,6 +30,7 @@ import contextlib
 import functools
 import itertools
 import json
+import os
 import tempfile
 from dataclasses import dataclass
 
@@ -54,11 +55,12 @@ class CaseFailed(Exception):
 
 class GroupBroke(RankError):
     """A RankError, and the cases that had started when it came (in order; the last one was
-    running): started[:-1] finished on every rank."""
+    running): started[:-1] finished on every rank. reported: {rank: its own failure in the
+    last one}, from the ranks that got past it before the group broke (see own_failure)."""
 
-    def __init__(self, error, started):
+    def __init__(self, error, started, reported=None):
         super().__init__(error.rank, str(error), error.tracebacks)
-        self.started = started
+        self.started, self.reported = started, dict(reported or {})
 
 
 def key_of(name, values=None):
@@ -151,23 +153,28 @@ class Cases:
     # ---- in the process that launches --------------------------------------------------------
 
     def run(self, world_size, keys=None, *args, stop=False, timeout=None, deadline=None,
-            backend=None):
+            backend=None, stall=None):
         """Launch one group of world_size ranks running `keys` (default: every case at that
         size) in order: per rank, {key: Outcome}. stop: end at the first case that failed on
         any rank (unless it failed cleanly on every rank: see clean()). args: passed to
-        prepare() on every rank. A broken group (a rank raised outside a case, died, hung or
+        prepare() on every rank. stall: seconds every rank may sleep before the group counts
+        as deadlocked (see launch). A broken group (a rank raised outside a case, died, hung or
         passed the deadline) raises GroupBroke."""
         keys = self.at(world_size) if keys is None else list(keys)
-        options = {"backend": backend, "deadline": deadline}
+        options = {"backend": backend, "deadline": deadline, "stall": stall}
         if timeout is not None:
             options["timeout"] = timeout
-        with tempfile.NamedTemporaryFile("r", suffix=".progress") as progress:
+        with tempfile.TemporaryDirectory(prefix="dist_sgd_cases_") as folder:
+            progress = os.path.join(folder, "progress")
+            open(progress, "w").close()
             try:
-                return launch(_run_group, world_size, self, keys, args, stop, progress.name,
+                return launch(_run_group, world_size, self, keys, args, stop, progress,
                               **options)
             except RankError as error:
-                started = [keys[int(line)] for line in progress.read().split()]
-                raise GroupBroke(error, started) from None
+                with open(progress) as f:
+                    started = [keys[int(line)] for line in f.read().split()]
+                raise GroupBroke(error, started, _reported(progress, len(started) - 1,
+                                                           world_size)) from None
 
     def results(self, world_size):
         """Every case at world_size, run once (the group is launched on the first call)."""
@@ -189,6 +196,20 @@ class Cases:
         assert not failures, "\n".join(failures)
 
 
+def _reported(progress, index, world_size):
+    """{rank: failure} that ranks wrote for case number `index` before comparing notes."""
+    found = {}
+    for rank in range(world_size):
+        try:
+            with open(f"{progress}.{rank}") as f:
+                i, failure = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if i == index:
+            found[rank] = failure
+    return found
+
+
 def _run_group(rank, world_size, cases, keys, args, stop, progress):
     """launch()'s fn: the cases one after the other on this rank."""
     shared = cases.prepare(rank, world_size, *args)
@@ -199,6 +220,9 @@ def _run_group(rank, world_size, cases, keys, args, stop, progress):
                 f.write(f"{i}\n")
         failure, value = cases.attempt(key, rank, world_size, shared)
         anywhere, clean = failure is not None, True
+        if stop and cases.own_failure(failure):  # read if the group breaks before the notes
+            with open(f"{progress}.{rank}", "w") as f:
+                json.dump([i, failure], f)
         if stop:
             everyone = [None] * world_size
             try:

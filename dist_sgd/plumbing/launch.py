@@ -40,6 +40,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from dist_sgd.plumbing import watch
 from dist_sgd.plumbing.rank import SPAWNED, default_backend, rank as _rank, under_torchrun
 
 # Lessons and tests never need more than this for one operation; real jobs pass their own.
@@ -221,7 +222,7 @@ def _context():
 
 
 def launch(fn, world_size=None, *args, backend=None, init_method="env",
-           timeout=DEFAULT_TIMEOUT, threads=1, max_restarts=0, deadline=None):
+           timeout=DEFAULT_TIMEOUT, threads=1, max_restarts=0, deadline=None, stall=None):
     """Run fn(rank, world_size, *args) on every rank; return the list of results by rank.
 
     The list (index = rank) comes back in the process that reports: this one when it spawns
@@ -237,15 +238,22 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
     deadline: None, or seconds for the whole run of spawned ranks: a rank still running then
     (an endless loop in pure Python, which no operation's timeout sees) is stopped and named
     in the RankError. Under torchrun, torchrun's own watchdogs decide.
+
+    stall: None, or seconds: a deadlock among spawned ranks is caught when every rank still
+    running has slept that long (dist_sgd.plumbing.watch), however busy the machine; then
+    `timeout` only backs it up. Where the ranks cannot be watched, each operation's timeout
+    is `stall` instead (a busy machine may then pass for a deadlock).
     """
     if timeout is None or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if deadline is not None and not deadline > 0:
         raise ValueError(f"deadline must be None or a positive number of seconds, got {deadline!r}")
+    if stall is not None and not stall > 0:
+        raise ValueError(f"stall must be None or a positive number of seconds, got {stall!r}")
     if not callable(fn):
         raise TypeError(f"fn must be a function, got {fn!r}")
-    if under_torchrun():
-        return _run_here(fn, world_size, args, backend, timeout, threads)
+    if under_torchrun():  # no ranks to watch here: a stall is each operation's timeout
+        return _run_here(fn, world_size, args, backend, min(timeout, stall or timeout), threads)
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     try:
@@ -256,10 +264,12 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
     backend = backend or default_backend(world_size)
+    if stall is not None and not watch.available():
+        timeout, stall = min(timeout, stall), None
     for attempt in range(max_restarts + 1):
         try:
             return _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt,
-                          deadline)
+                          deadline, stall)
         except RankError as e:
             if attempt == max_restarts:
                 raise
@@ -267,7 +277,8 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
                   f"(restart {attempt + 1} of {max_restarts})", file=sys.stderr, flush=True)
 
 
-def _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt, deadline=None):
+def _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt, deadline=None,
+           stall=None):
     """One attempt: start world_size ranks here, collect their results, stop them all."""
     workdir = tempfile.mkdtemp(prefix="dist_sgd_")
     url = init_url(init_method, workdir)
@@ -283,7 +294,8 @@ def _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt
         for rank in range(world_size):
             ranks.start(rank, _child, fn, rank, world_size, args, backend, url, timeout, threads,
                         dict(base, RANK=str(rank), LOCAL_RANK=str(rank)))
-        return _collect(ranks, None if deadline is None else time.monotonic() + deadline)
+        return _collect(ranks, None if deadline is None else time.monotonic() + deadline,
+                        None if stall is None else watch.Stall(stall))
     finally:
         ranks.stop()
         shutil.rmtree(workdir, ignore_errors=True)  # the file:// rendezvous, if any
@@ -365,9 +377,10 @@ def _blame(failures):
     return min(order, key=lambda r: (_LEVEL[failures[r][0]], order.index(r)))
 
 
-def _collect(ranks, end=None):
+def _collect(ranks, end=None, stall=None):
     """Wait for every rank's result, then release them all; on a failure, raise RankError.
-    end: a time.monotonic() by which every rank must have reported (None: no limit)."""
+    end: a time.monotonic() by which every rank must have reported (None: no limit); stall: a
+    watch.Stall, which ends the run when every rank still running has slept too long."""
     results, pending = [None] * len(ranks.procs), set(ranks.procs)
     failures, deadline = {}, None  # rank -> (kind, message, traceback), in order of arrival
     while pending and (deadline is None or time.monotonic() < deadline):
@@ -377,7 +390,12 @@ def _collect(ranks, end=None):
                                "loop, or waiting for a message no peer sends?)", "")
             deadline = time.monotonic()
             break
-        for r, outcome in ranks.wait(pending, timeout=0.2 if deadline else 1.0).items():
+        if stall is not None and not failures and \
+                stall.stalled([ranks.procs[r].pid for r in pending]):
+            ranks.stop()
+            raise RankError(min(pending), stalled_message(sorted(pending), stall.seconds))
+        quick = deadline is not None or stall is not None
+        for r, outcome in ranks.wait(pending, timeout=0.2 if quick else 1.0).items():
             if outcome[0] == "ok":
                 results[r] = outcome[1]
                 if len(outcome) > 2:
@@ -397,6 +415,16 @@ def _collect(ranks, end=None):
     ranks.stop()
     raise rank_error(failures, pending, [r for r in ranks.procs if r not in failures
                                          and r not in pending])
+
+
+STALLED = "timed out: every rank still running slept"
+
+
+def stalled_message(ranks, seconds):
+    """The RankError's text for a deadlock the launcher saw (see watch.Stall)."""
+    names = ", ".join(f"rank {r}" for r in ranks)
+    return (f"rank {ranks[0]} failed: {STALLED} for {seconds:g} s ({names}): each waited for a "
+            "message no peer sends (a deadlock); the ranks were stopped")
 
 
 def _returned_early(finished, waiting):

@@ -194,12 +194,13 @@ def fewer_chunks(ctx):
 class _Meet(nn.Module):
     """A replica's forward waits at a barrier until every replica has reached it: replicas
     running at once, each in a thread of its own, all arrive; run one after the other, the
-    first waits alone (the timeout is for that failure only, never reached otherwise)."""
+    first waits alone (the timeout is for that failure only, never reached otherwise; shorter
+    than the grading's patience, after which a rank that only waits counts as hung)."""
 
-    def __init__(self, replicas):
+    def __init__(self, replicas, timeout):
         super().__init__()
         self.lin = nn.Linear(4, 2)
-        self.met = {"barrier": threading.Barrier(replicas, timeout=5), "threads": set()}
+        self.met = {"barrier": threading.Barrier(replicas, timeout=timeout), "threads": set()}
 
     def forward(self, x):
         self.met["threads"].add(threading.get_ident())
@@ -216,12 +217,13 @@ def threads(ctx):
     thread of its own (run one after the other, the first waits alone), and the output is
     still the module's."""
     torch.manual_seed(0)
-    module = _Meet(3)
+    wait = min(5.0, ctx.patience / 2)
+    module = _Meet(3, wait)
     x = torch.randn(6, 4, generator=torch.Generator().manual_seed(3))
     model = ctx.call(ctx.impl.DataParallel, module, device_ids=["cpu"] * 3)
     out = ctx.call(model, x)
-    ctx.expect(not module.met.get("alone"), "a replica's forward waited 5 s at a barrier for "
-               "the other replicas, which never came while it ran", [
+    ctx.expect(not module.met.get("alone"), f"a replica's forward waited {wait:g} s at a barrier "
+               "for the other replicas, which never came while it ran", [
                    "run the replicas at the same time, one thread each: start every thread "
                    "first, then join them all (parallel_apply does it)"])
     ctx.expect(len(module.met["threads"]) == 3, f"the 3 replicas ran in "

@@ -177,7 +177,7 @@ def overlap(ctx):
     if ctx.rank == 0:
         try:
             store.wait(["hook_ddp_overlap"], datetime.timedelta(
-                seconds=min(5.0, store.timeout.total_seconds() / 2)))
+                seconds=min(5.0, ctx.patience / 2)))
         except Exception:  # noqa: BLE001 - rank 1 never got there
             stalled = True
     ctx.call(loss.backward)
