@@ -12,19 +12,11 @@ grader) are registered by name, and one group per world size runs them one after
     def test_grads_match(world_size, cap):              # in the process that tests
         CASES.held(world_size, grads_match, cap=cap)    # each failing rank's message, if any
 
-Every rank records, per case, None when it held or its failure (the message of the exception
-it raised), and the value the case returned. results(world_size) launches the group once and
-keeps what came back (per rank, {key: Outcome}); held() reads it, and a case that proves
-several properties returns Checks. run() is the general form, which the
-course's grading uses: some of the cases, `stop` at the first one that failed on any rank (the
-ranks compare notes after each case, so all stop together), a progress file that names the
-case a broken group was in (a hang is pinned on its case), a timeout on each operation and a
-deadline for the whole run.
-
-A subclass changes what runs around a case: prepare() once per rank (the values every case
-receives after rank and world size), attempt() for one case (what counts as its failure),
-clean() (a failure after which the group may go on: one that sent nothing on any rank).
-The object travels to the ranks by pickle: its cases must be module-level functions.
+Per case, every rank records its failure (None when it held) and the value returned; held()
+reads them (a case proving several properties returns Checks). run() is the general form the
+course uses: `stop` at the first failure (the ranks compare notes after each case), a progress
+file naming the case a broken group was in, a stall and a deadline. A subclass changes what
+runs around a case: prepare(), attempt(), clean(), finished(), own_failure().
 """
 import contextlib
 import functools
