@@ -258,7 +258,7 @@ EXERCISES = tuple(sorted((
          "naming it (latest); load reads that name. Return {\"step\": step} from the load."),
         world_sizes=(1, 2, 3)),
     Exercise(
-        "fsdp_unit", "16", "dist_sgd.shard.fsdp", ("_Unit",),
+        "fsdp_unit", "16", "dist_sgd.shard.fsdp_unit", ("_Unit",),
         "one FSDP unit's gather (all-gather each flat piece into a storage grown for it), free "
         "(the storage back to 0 bytes) and reduce-scatter (each rank gets the mean of its piece "
         "of the gradient)",
