@@ -97,8 +97,9 @@ class FullyShardedDataParallel(nn.Module):
     (4 equal units, prefetch 1: 1.25x); ZeRO-2 1.0x (bytes_per_step() counts what the last step
     issued; the first step knows no order yet: no prefetch, nothing kept); memory() what a rank
     holds, tensor by tensor. compute_dtype=torch.float16 / bfloat16: the shards are cast before
-    the all-gather (half the bytes) and the module computes in that dtype (the floating inputs of the root and of every unit are cast, as torch casts each fully_shard module's;
-    outputs come out in it); shards, gradients (reduced in float32) and optimizer state stay
+    the all-gather (half the bytes) and the module computes in that dtype (the floating inputs
+    of the root and of every unit are cast, as torch casts each fully_shard module's; outputs
+    come out in it); shards, gradients (reduced in float32) and optimizer state stay
     float32. collectives="ours": dist_sgd.comm.collectives' all_gather / reduce_scatter /
     all_reduce (run on the one ordered helper thread of dist_sgd.comm.ordered), "torch": torch's;
     either through dist_sgd.comm.counted, which logs what is sent.
