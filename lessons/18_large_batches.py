@@ -171,7 +171,7 @@ def run(rank, k, args):
 
 
 def recipes(rank, k, x, y, args):
-    items, epochs, big = (6000, 4, GROUPS * BASE) if args.quick else (30000, 8, GROUPS * BASE)
+    items, epochs, big = (6000, 4, GROUPS * BASE) if args.quick else (20000, 6, GROUPS * BASE)
     test_x, test_y = get_dataset(args.dataset, train=False, quiet=True).tensors
     data = [t.to(device()) for t in (x[:items], y[:items], test_x[:2000], test_y[:2000])]
     log(f"\n3. the recipe, trained: {epochs} epochs of {items} items on {k} ranks, warmup 1 "
