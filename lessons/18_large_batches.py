@@ -38,7 +38,8 @@ Run:
 Exercises:
   1. In part 1 drop the `/ k` of the accumulated losses: which check fails, by how much?
   2. Part 3 at --world-size 2 and 4: is B_simple the same? Which estimate is noisier, and why?
-  3. In part 3 give "linear" a warmup of 0 and LARS none: which falls, and at which batch?
+  3. In part 3 set warm = 0 for "warmup" and LARS too: which falls, and by how much? And at
+     GROUPS = 32 (a batch 32 times each rank's)?
   4. Write the pieces yourself, each graded against torch's or its definition:
      `python3 -m dist_sgd.course start warmup_schedule` (then `check warmup_schedule`), and
      `python3 -m dist_sgd.course start LARS`, `... course start noise_scale`,
