@@ -22,15 +22,13 @@ backward, divided by m once at the end (torch's scale_grads).
 Our PipelineStage, ScheduleGPipe and Schedule1F1B take torch.distributed.pipelining's
 arguments, so `train()` below runs both unchanged; on CPU with gloo torch's runs too.
 
-Honest expectations: at p = 2 each rank has a core of its own. On a quiet 2-core machine m = 1
-measures the formula (0.51 against 0.50), but m = 4 and 8 measure 1.4 and 2.2 times it (0.29
-and 0.25 against 0.20 and 0.11): the formula counts compute alone, and every micro-batch adds
-a message each way that a stage waits for, so the measured idle share shrinks more slowly than
-(p - 1) / (m + p - 1) as m grows. At p = 3-4 ranks share 2 cores: a waiting stage
-frees its core for another, so compute stretches and the idle share comes out off the
-formula. On a busy machine every wait for a message also costs a wake-up by the scheduler
-(milliseconds when the cores are taken): the more micro-batches, the more waits, and the
-measured bubble grows with m where the formula shrinks.
+The order is the idea: `gpipe(s, p, m)` and `one_f_one_b(s, p, m)` in
+dist_sgd/parallel/pipeline.py are lists of ("F", i) and ("B", i). The lesson prints them, then
+runs 1F1B's by hand in `run_order()` below, a plain loop over the list: forward receives the
+activation, runs the stage and sends its output on; backward receives the output's gradient
+and sends the input's gradient back. The library's schedules are that loop, plus checks and
+metering (each step's trace, the activations held: dist_sgd/parallel/pipeline_meter.py). The
+measured bubble and what it means on 2 cores: figures/README.md, "The pipeline's schedule".
 
 Run:
     python lessons/19_pipeline.py                   # 2 stages
@@ -50,68 +48,88 @@ Exercises:
 import statistics
 
 import torch
-import torch.nn as nn
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed import pipelining as theirs
 
 from dist_sgd.parallel import pipeline as ours
-from dist_sgd.parallel.pipeline import split_stages
+from dist_sgd.parallel.pipeline_meter import draw_trace
 from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.figures import figure_path
 from dist_sgd.plumbing.launch import launch, lesson_parser
-from dist_sgd.plumbing.rank import log, rank_print
+from dist_sgd.plumbing.rank import device, log
 
-STEPS, LR = 2, 0.1
-SCHEDULES = {"naive": ("ScheduleGPipe", 1), "GPipe": ("ScheduleGPipe", 4),
-             "1F1B": ("Schedule1F1B", 4)}
+STEPS, LR, M = 2, 0.1, 4  # M: micro-batches of the GPipe and 1F1B checks
+SCHEDULES = {"naive": ("ScheduleGPipe", 1), "GPipe": ("ScheduleGPipe", M),
+             "1F1B": ("Schedule1F1B", M), "1F1B by hand": ("Schedule1F1B", M)}
 
 
 def make(width, layers, dtype=torch.float64):
     torch.manual_seed(0)  # the same model on every rank: each keeps its own stage of it
-    return nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width),
-                                                              nn.Tanh())]).to(dtype)
+    blocks = [m for _ in range(layers) for m in (torch.nn.Linear(width, width), torch.nn.Tanh())]
+    return torch.nn.Sequential(*blocks).to(device(), dtype)
 
 
 def batch(step, n, width, dtype=torch.float64):
-    g = torch.Generator().manual_seed(step)
-    return torch.randn(n, width, generator=g, dtype=dtype), torch.randn(n, width, generator=g,
-                                                                        dtype=dtype)
+    g = torch.Generator().manual_seed(step)  # inputs and targets, the same on every rank
+    return torch.randn(2, n, width, generator=g, dtype=dtype).to(device())
 
 
-def train(lib, schedule, m, rank, p, width, layers, say=False):
-    """STEPS SGD steps with `lib`'s pipeline (ours or torch's: the same code runs both)."""
-    mod = split_stages(make(width, layers), p)[rank]
-    stage = lib.PipelineStage(mod, rank, p, torch.device("cpu"))
-    sched = getattr(lib, schedule)(stage, m, loss_fn=F.mse_loss)
+def recv(t, src):
+    dist.recv(t, src)
+    return t
+
+
+def run_order(order, mod, xs, ys, rank, p):
+    """One step of a stage by hand: `order`'s forwards and backwards, in its order."""
+    inputs, outputs, sends = {}, {}, []
+    for kind, i in order:
+        if kind == "F":  # the activation from the previous stage (stage 0: its micro-batch)
+            x = xs[i] if rank == 0 else recv(torch.empty_like(xs[i]), rank - 1)
+            inputs[i] = x.requires_grad_()
+            y = mod(x)
+            # the last stage's loss: each micro-batch's mean, / m for the whole batch's
+            outputs[i] = F.mse_loss(y, ys[i]) / len(xs) if rank == p - 1 else y
+            if rank < p - 1:  # sent without waiting: the next stage may still be busy
+                sends.append(dist.isend(y.detach(), rank + 1))
+        else:  # the gradient of our output from the next stage (last stage: the loss's own)
+            grad = None if rank == p - 1 else recv(torch.empty_like(outputs[i]), rank + 1)
+            torch.autograd.backward(outputs.pop(i), grad)  # this micro-batch's graph freed
+            if rank > 0:
+                sends.append(dist.isend(inputs.pop(i).grad, rank - 1))
+    for work in sends:  # every send done before the step ends
+        work.wait()
+
+
+def train(lib, schedule, m, rank, p, width, layers):
+    """STEPS SGD steps with `lib`'s pipeline (ours, torch's; None: 1F1B run by run_order())."""
+    mod = ours.split_stages(make(width, layers), p)[rank]
+    if lib is not None:
+        sched = getattr(lib, schedule)(lib.PipelineStage(mod, rank, p, device()), m, F.mse_loss)
     opt = torch.optim.SGD(mod.parameters(), lr=LR)
     for step in range(STEPS):
         x, y = batch(step, 8, width)
         opt.zero_grad()
-        losses = []
-        out = sched.step(*([x] if rank == 0 else []), **({"target": y, "losses": losses}
-                                                          if rank == p - 1 else {}))
+        if lib is None:
+            run_order(ours.one_f_one_b(rank, p, m), mod, x.chunk(m), y.chunk(m), rank, p)
+        else:
+            sched.step(*([x] if rank == 0 else []), **({"target": y} if rank == p - 1 else {}))
         opt.step()
-    if say and rank == p - 1:
-        rank_print(f"last stage: loss {torch.stack(losses).mean():.4f}, the mean of its {m} "
-                   f"micro-batches' losses; step() returned the outputs {tuple(out.shape)}")
-    elif say:
-        rank_print(f"stage {rank}: step() returned {out}, losses stays {losses}: "
-                   "the loss lives on the last stage")
     return mod
 
 
 def checks(rank, p, width, layers):
-    one = make(width, layers)  # one process, the whole batch
+    one = make(width, layers)  # one process, the whole batch (float64: no TF32 on a GPU)
     opt = torch.optim.SGD(one.parameters(), lr=LR)
     for step in range(STEPS):
         x, y = batch(step, 8, width)
         opt.zero_grad()
         F.mse_loss(one(x), y).backward()
-        last = [q.grad.clone() for q in split_stages(one, p)[rank].parameters()]
+        last = [q.grad.clone() for q in ours.split_stages(one, p)[rank].parameters()]
         opt.step()
-    mine, out = split_stages(one, p)[rank], {}
+    mine, out = ours.split_stages(one, p)[rank], {}
     for name, (schedule, m) in SCHEDULES.items():
-        a = train(ours, schedule, m, rank, p, width, layers, say=name == "GPipe")
+        a = train(None if "by hand" in name else ours, schedule, m, rank, p, width, layers)
         b = train(theirs, schedule, m, rank, p, width, layers)
         out[f"{name} (m={m}): gradients at step {STEPS} vs one process"] = max_diff(
             [q.grad for q in a.parameters()], last)
@@ -122,8 +140,8 @@ def checks(rank, p, width, layers):
 
 def timed(rank, p, schedule, m, width, steps):
     """Each step's trace of this stage, a bigger float32 model (2 layers per stage)."""
-    mod = split_stages(make(width, 2 * p, torch.float32), p)[rank]
-    sched = getattr(ours, schedule)(ours.PipelineStage(mod, rank, p, "cpu"), m, F.mse_loss)
+    mod = ours.split_stages(make(width, 2 * p, torch.float32), p)[rank]
+    sched = getattr(ours, schedule)(ours.PipelineStage(mod, rank, p, device()), m, F.mse_loss)
     x, y = batch(0, width, width, torch.float32)  # micro-batches big enough to hide a message
     traces = []
     for _ in range(steps):
@@ -149,29 +167,16 @@ def idle(stages):
     return [1 - sum(e["end"] - e["start"] for e in t) / end for t in stages]
 
 
-def draw(results, path):
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(2, 1, figsize=(9, 1.2 + 0.6 * len(results)), sharex=True)
-    for ax, schedule in zip(axes, ("ScheduleGPipe", "Schedule1F1B")):
-        for r in results:
-            for e in r[schedule]:
-                colour = "tab:blue" if e["kind"] == "forward" else "tab:orange"
-                ax.broken_barh([(e["start"] * 1e3, (e["end"] - e["start"]) * 1e3)],
-                               (e["stage"] - 0.4, 0.8), color=colour)
-                ax.text((e["start"] + e["end"]) * 500, e["stage"], str(e["mb"]), ha="center",
-                        va="center", fontsize=7)
-        ax.set_ylabel("stage"), ax.invert_yaxis()
-        ax.set_title(f"{schedule[8:]}, m = 8: forward (blue), backward (orange)", fontsize=9)
-    axes[-1].set_xlabel("ms from the step's start")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
-
-
 def report(p, results):
+    log(f"each stage's order, m = {M} (F: forward, B: backward, of micro-batch i):")
+    for s in range(p):
+        for name, order in (("GPipe", ours.gpipe), ("1F1B ", ours.one_f_one_b)):
+            log(f"  stage {s} {name}: " + " ".join(f"{k}{i}" for k, i in order(s, p, M)))
     for name in results[0]["checks"]:
         log(check(name, max(r["checks"][name] for r in results), 1e-12))
-    log(f"\nthe bubble, GPipe on {p} stages: each stage's idle share of a step, from its trace")
+    log(f"\nthe bubble, GPipe on {p} stages: each stage's idle share of a step, from its trace"
+        + ("\n(ranks share 2 cores here: a waiting stage lends its core to another)" if p > 2
+           else ""))
     for m, steps in results[0]["bubble"].items():
         shares = [statistics.median(idle(s)) for s in zip(*(r["bubble"][m] for r in results))]
         measured, formula = statistics.median(shares), (p - 1) / (m + p - 1)
@@ -184,17 +189,11 @@ def report(p, results):
             f"at most p = {p}: {o <= p}")
 
 
-def main():
+if __name__ == "__main__":
     args = lesson_parser(__doc__, save_figures=True).parse_args()
     results = launch(run, args.world_size, args, backend=args.backend)
     if results is not None:
         report(len(results), results)
-        if len(results) > 2:
-            log("(ranks share 2 cores here: a waiting stage lends its core to another)")
         if args.save_figures:
-            log(f"wrote {draw(results, figure_path('lesson19_schedule.png'))}")
+            log(f"wrote {draw_trace(results, figure_path('lesson19_schedule.png'))}")
     log("\n" + __doc__[__doc__.index("Exercises:"):].rstrip())
-
-
-if __name__ == "__main__":
-    main()

@@ -14,18 +14,7 @@ file), printed beside what each part took at the end. Without root the parts on 
 all at full size (large_batch's curve 15 of them). As root they add about 39 more: netscale
 ~15, netaccuracy ~10, nettrain ~6, modelpar ~1, and the links of cluster, compress and fsdp.
 
-The folder: $DIST_SGD_FIGURES if set; else --save-figures: figures/ of this checkout, as
-lessons do (measure on a quiet machine before committing what it writes there); else --quick:
-a fresh temporary folder (quick numbers are too rough to keep); else --redraw: a fresh
-temporary folder holding a copy of figures/'s CSVs; else ~/.cache/dist_sgd/figures
-($XDG_CACHE_HOME/dist_sgd/figures). `--redraw --save-figures` redraws figures/ itself.
-
-Each measurement is a module of this package with measure(quick) -> rows (also written as
-CSVs), report(rows) (prints the numbers: ratios, fits) and draw() (reads the CSVs, writes
-PNGs). --redraw reports from the CSVs (the module's load(), else its NAME.csv) and draws. A
-measurement that cannot run here raises common.Skip and is skipped with its reason; one that
-fails does not stop the others: the run goes on, says which failed and why at the end, and
-exits with code 1.
+Where it writes, and what each measurement module provides: main()'s docstring.
 """
 import argparse
 import importlib
@@ -124,6 +113,21 @@ def minutes(m):
 
 
 def main(argv=None):
+    """The command line (the module's docstring says what it runs).
+
+    The folder: $DIST_SGD_FIGURES if set; else --save-figures: figures/ of this checkout, as
+    lessons do (measure on a quiet machine before committing what it writes there); else --quick:
+    a fresh temporary folder (quick numbers are too rough to keep); else --redraw: a fresh
+    temporary folder holding a copy of figures/'s CSVs; else ~/.cache/dist_sgd/figures
+    ($XDG_CACHE_HOME/dist_sgd/figures). `--redraw --save-figures` redraws figures/ itself.
+
+    Each measurement is a module of this package with measure(quick) -> rows (also written as
+    CSVs), report(rows) (prints the numbers: ratios, fits) and draw() (reads the CSVs, writes
+    PNGs). --redraw reports from the CSVs (the module's load(), else its NAME.csv) and draws. A
+    measurement that cannot run here raises common.Skip and is skipped with its reason; one that
+    fails does not stop the others: the run goes on, says which failed and why at the end, and
+    exits with code 1.
+    """
     parser = argparse.ArgumentParser(
         prog="python3 -m dist_sgd.bench", description=__doc__.split("\n\nEach measurement")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,

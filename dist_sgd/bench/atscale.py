@@ -14,15 +14,6 @@ parameter server, on two kinds of setting:
         per P100 at ~0.3 s per step (assumed), 50 Gbit/s Ethernet: ~90% efficiency at 256 GPUs.
       Sergeev & Del Balso 2018 (Horovod): ResNet-101, 44.5 M params = 178 MB, 64 images per
         Pascal GPU at ~0.5 s per step (assumed), 25 Gbit/s RoCE: ~88% at 128 GPUs.
-
-Every prediction is the link alone: there every worker has cores of its own. The CPU share
-that the emulated nodes need (costmodel's cpu=: p ranks taking turns on one machine's c cores,
-netscale and nettrain) belongs to the machine they were measured on, not to a cluster.
-
-"no overlap": communication starts after backward (average_gradients). "perfect overlap":
-it all hides behind backward (what DDP buckets aim at) - real systems sit in between.
-A ring over GPUs numbered node by node crosses each node's network card once per step, so
-several GPUs per node sharing one card does not change the ring's per-link bytes.
 """
 import torch
 
@@ -63,6 +54,17 @@ def measure_compute(repeats):
 
 
 def predictions(setting, network, compute_s, nbytes, alpha, beta, gamma, algorithms):
+    """The predicted step time and efficiency of each algorithm at 1 to 1024 workers.
+
+    Every prediction is the link alone: there every worker has cores of its own. The CPU share
+    that the emulated nodes need (costmodel's cpu=: p ranks taking turns on one machine's c cores,
+    netscale and nettrain) belongs to the machine they were measured on, not to a cluster.
+
+    "no overlap": communication starts after backward (average_gradients). "perfect overlap":
+    it all hides behind backward (what DDP buckets aim at) - real systems sit in between.
+    A ring over GPUs numbered node by node crosses each node's network card once per step, so
+    several GPUs per node sharing one card does not change the ring's per-link bytes.
+    """
     rows = []
     for algorithm in algorithms:
         for overlap in (0, 1):

@@ -14,16 +14,7 @@ the error-feedback residual over steps.
 3. Residual: ||e|| / ||averaged gradient|| over the steps of Net trained on the dataset
    get_dataset("auto") picks, PowerSGD rank 1 with error feedback, from step START.
 
-4. The link: BigNet on 2 nodes of lesson 11's cluster (dist_sgd.scale.cluster: network namespaces,
-   each node behind a 1 Gbit/s tbf-shaped link), one rank per node: torch's DDP as it comes
-   (no hook, default buckets) against our DDP + our powerSGD_hook rank 2 with error feedback,
-   in torch's default buckets (BigNet: two, the first compressed and sent while backward goes
-   on through the convolutions) and in one bucket (sent after backward), and BigNet alone (the
-   floor: what no compression can beat), alternated, medians of the slowest rank.
-   measure_link() runs `python -m dist_sgd.bench.compress OUT` in every node
-   (cluster.run_in_nodes) and node 0 leaves its rows in OUT. Needs root; without it this part
-   is skipped with the reason. Accuracy is not measured on the link: the arithmetic is the same
-   as over loopback, where lesson 12 measures it (our DDP, our hooks, several buckets).
+4. The link (root): measure_link()'s docstring.
 """
 import os
 import pickle
@@ -193,7 +184,19 @@ def _worker(rank, world_size, s):
 
 
 def measure_link(quick):
-    """Rows of the link measurement, or [] (after saying why) where no cluster can be built."""
+    """Rows of the link measurement, or [] (after saying why) where no cluster can be built.
+
+    4. The link: BigNet on 2 nodes of lesson 11's cluster (dist_sgd.scale.cluster: network
+       namespaces, each node behind a 1 Gbit/s tbf-shaped link), one rank per node: torch's DDP as
+       it comes (no hook, default buckets) against our DDP + our powerSGD_hook rank 2 with error
+       feedback, in torch's default buckets (BigNet: two, the first compressed and sent while
+       backward goes on through the convolutions) and in one bucket (sent after backward), and
+       BigNet alone (the floor: what no compression can beat), alternated, medians of the slowest
+       rank. measure_link() runs `python -m dist_sgd.bench.compress OUT` in every node
+       (cluster.run_in_nodes) and node 0 leaves its rows in OUT. Needs root; without it this part is
+       skipped with the reason. Accuracy is not measured on the link: the arithmetic is the same as
+       over loopback, where lesson 12 measures it (our DDP, our hooks, several buckets).
+    """
     out = os.path.join(tempfile.mkdtemp(prefix="dist_sgd_compress_"), "rows.pkl")
     problem = cluster.run_in_nodes(["-m", "dist_sgd.bench.compress", out]
                                    + (["--quick"] if quick else []), timeout=900)

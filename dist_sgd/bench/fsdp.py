@@ -9,15 +9,8 @@ and the most gathered buffers held at once during the step, for DDP, ZeRO-1, ZeR
 ZeRO-3, next to the ZeRO paper's formulas; and the bytes each sends per step, counted from
 the collectives it issued, over DDP's.
 
-Part 2, two emulated nodes (dist_sgd.scale.cluster) on a 1 Gbit/s link, one rank each: a
-training step of BigNet (forward, backward, Adam) with 16 samples per node (its 4.8 MB of
-parameters take longer on the wire than its computation) and with 64 (four times the
-computation to hide the wire behind); every candidate alternated in one run, medians of the
-slowest rank: no communication, torch DDP, our DDP, ZeRO-1, our ZeRO-3 with and without
-prefetch and with torch's collectives, our ZeRO-2, torch's fully_shard both ways (each layer
-and the root wrapped). Our ZeRO-1/2/3 use our collectives unless named. After the timed
-steps every candidate has taken as many steps from the same start on the same data: its
-weights are compared with torch DDP's.
+Part 2 (root): a training step of BigNet on two emulated nodes, every candidate alternated:
+_link_worker()'s docstring.
 """
 import os
 import pickle
@@ -164,6 +157,18 @@ def _full(model):
 
 
 def _link_worker(rank, world_size, quick):
+    """One node's part of the link measurement.
+
+    Part 2, two emulated nodes (dist_sgd.scale.cluster) on a 1 Gbit/s link, one rank each: a
+    training step of BigNet (forward, backward, Adam) with 16 samples per node (its 4.8 MB of
+    parameters take longer on the wire than its computation) and with 64 (four times the
+    computation to hide the wire behind); every candidate alternated in one run, medians of the
+    slowest rank: no communication, torch DDP, our DDP, ZeRO-1, our ZeRO-3 with and without
+    prefetch and with torch's collectives, our ZeRO-2, torch's fully_shard both ways (each layer
+    and the root wrapped). Our ZeRO-1/2/3 use our collectives unless named. After the timed
+    steps every candidate has taken as many steps from the same start on the same data: its
+    weights are compared with torch DDP's.
+    """
     from dist_sgd.plumbing.check import max_diff
     from dist_sgd.comm.counted import wire_bytes
 

@@ -1,34 +1,11 @@
 """Lesson 18's figure: test accuracy against the global batch, five learning-rate recipes.
 
-The same model (an MLP with BatchNorm, 784-256-BN-ReLU-256-BN-ReLU-10), the same number of
-epochs (8), the same data (Fashion-MNIST where present, else MNIST; a synthetic stand-in only
-for --quick and tests, and said); only the global batch B (32 to 8192) and the learning-rate
-recipe change; 2 seeds. Each rank keeps its batch of 64: B = k x 64 is k simulated ranks, run
-as micro-batches accumulated in one process (lesson 18 proves that equal to k real ranks'
-average_gradients), and BatchNorm per simulated worker over its own 64 items, as Goyal's
-per-worker BatchNorm (ghost BatchNorm, dist_sgd/large_batch/ghostbn.py: a chunk of j x 64 items
-normalized in j groups of 64, the same as j workers each normalizing its own). BatchNorm is
-what lets the network take the large rates that linear scaling asks for. Recipes, from
-base_lr = BASE_LR at batch 64 with momentum 0.9 (LARS: LARS_LR):
-
-    none            lr = base_lr at every batch
-    sqrt            lr = base_lr x sqrt(B / 64)
-    linear          lr = base_lr x B / 64 from the first step (Goyal's linear scaling rule)
-    linear_warmup   the same peak, reached by Goyal's gradual warmup: from base_lr, rising every
-                    iteration for WARMUP_EPOCHS epochs (none at B <= 64)
-    lars            LARS (dist_sgd/large_batch/lars.py), linear scaling and the same warmup
-Every recipe then follows a cosine to 0 (torch's LinearLR, CosineAnnealingLR, SequentialLR).
-
-Along the way every run with k >= 2 estimates the gradient noise scale B_simple from the
-micro-batch gradients (batch 64) and their average (batch B), and the linear_warmup runs note
-the steps they needed to reach TARGET test accuracy (on 2,000 test images, checked 10 times an
-epoch): S(B), fitted to McCandlish's (S/S_min - 1)(E/E_min - 1) = 1 for B_crit = E_min / S_min,
-and B_simple at that moment (column b_simple; b_simple_final: at the end, when the gradient's
-signal has nearly vanished and the noise scale is far larger).
-  -> large_batch.csv (one row per recipe, batch and seed), large_batch_noise.csv (B_simple over
-     training), large_batch.png
-Runs go two at a time (the machine's 2 cores), one thread each: 90 runs, about 15 minutes on a
-quiet 2-core machine (the small batches take longest: more optimizer steps per epoch).
+The same MLP with ghost BatchNorm, the same epochs and data; only the global batch B (32 to
+8192) and the learning-rate recipe change (none, sqrt, linear, linear_warmup, lars), 2 seeds;
+train_one() builds lesson 18's recipe at each size. Runs go two at a time (2 cores).
+  -> large_batch.csv (one row per recipe, batch and seed), large_batch_noise.csv (B_simple
+     over training), large_batch.png
+What each recipe and column means: measure()'s docstring.
 """
 import concurrent.futures
 import math
@@ -167,6 +144,38 @@ def train_one(recipe, batch, seed, epochs, train_items=None, warmup_epochs=WARMU
 
 
 def measure(quick):
+    """Every run of the curve: rows (and B_simple's traces) into the CSVs.
+
+    The same model (an MLP with BatchNorm, 784-256-BN-ReLU-256-BN-ReLU-10), the same number of
+    epochs (8), the same data (Fashion-MNIST where present, else MNIST; a synthetic stand-in only
+    for --quick and tests, and said); only the global batch B (32 to 8192) and the learning-rate
+    recipe change; 2 seeds. Each rank keeps its batch of 64: B = k x 64 is k simulated ranks, run
+    as micro-batches accumulated in one process (lesson 18 proves that equal to k real ranks'
+    average_gradients), and BatchNorm per simulated worker over its own 64 items, as Goyal's
+    per-worker BatchNorm (ghost BatchNorm, dist_sgd/large_batch/ghostbn.py: a chunk of j x 64 items
+    normalized in j groups of 64, the same as j workers each normalizing its own). BatchNorm is
+    what lets the network take the large rates that linear scaling asks for. Recipes, from
+    base_lr = BASE_LR at batch 64 with momentum 0.9 (LARS: LARS_LR):
+
+        none            lr = base_lr at every batch
+        sqrt            lr = base_lr x sqrt(B / 64)
+        linear          lr = base_lr x B / 64 from the first step (Goyal's linear scaling rule)
+        linear_warmup   the same peak, reached by Goyal's gradual warmup: from base_lr, rising every
+                        iteration for WARMUP_EPOCHS epochs (none at B <= 64)
+        lars            LARS (dist_sgd/large_batch/lars.py), linear scaling and the same warmup
+    Every recipe then follows a cosine to 0 (torch's LinearLR, CosineAnnealingLR, SequentialLR).
+
+    Along the way every run with k >= 2 estimates the gradient noise scale B_simple from the
+    micro-batch gradients (batch 64) and their average (batch B), and the linear_warmup runs note
+    the steps they needed to reach TARGET test accuracy (on 2,000 test images, checked 10 times an
+    epoch): S(B), fitted to McCandlish's (S/S_min - 1)(E/E_min - 1) = 1 for B_crit = E_min / S_min,
+    and B_simple at that moment (column b_simple; b_simple_final: at the end, when the gradient's
+    signal has nearly vanished and the noise scale is far larger).
+      -> large_batch.csv (one row per recipe, batch and seed), large_batch_noise.csv (B_simple over
+         training), large_batch.png
+    Runs go two at a time (the machine's 2 cores), one thread each: 90 runs, about 15 minutes on a
+    quiet 2-core machine (the small batches take longest: more optimizer steps per epoch).
+    """
     cfg = settings(quick)
     name = _data(cfg["train_items"])[0]
     print(f"  data: {LABELS[name]}" + ("" if name != "synthetic" else

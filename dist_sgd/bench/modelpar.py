@@ -12,12 +12,6 @@ float32, a global batch of BATCH rows, SGD. In every node, alternated (medians),
                        per block forward and one backward
     pipeline (GPipe)   BLOCKS / p blocks per node, MICRO micro-batches (lesson 19): the
                        activations cross the stage boundaries only
-
-The links: RATE each way (tbf). Each row holds the seconds per step, the bytes a node sends per
-step (dist_sgd.scale.costmodel.parallel_bytes; tensor parallel's also counted from its
-all-reduces) and the bytes of model state a node holds (counted). Which wins: data parallel
-sends the most (the whole model's gradients), the pipeline the least, paying in idle stages;
-tensor parallelism's bytes grow with the batch, not the model, and it talks inside every layer.
 """
 import sys
 
@@ -147,6 +141,13 @@ def measure(quick=False):
 
 
 def report(rows):
+    """The rows, printed. The links: RATE each way (tbf). Each row holds the seconds per step,
+    the bytes a node sends per step (dist_sgd.scale.costmodel.parallel_bytes; tensor parallel's
+    also counted from its all-reduces) and the bytes of model state a node holds (counted).
+    Which wins: data parallel sends the most (the whole model's gradients), the pipeline the
+    least, paying in idle stages; tensor parallelism's bytes grow with the batch, not the model,
+    and it talks inside every layer.
+    """
     print(f"{BLOCKS} MLP blocks, width {rows[0]['width']}, {rows[0]['params']:,} parameters, "
           f"batch {rows[0]['batch']}; per node and step:")
     print(f"  {'strategy':10s}{'nodes':>6s}{'ms':>9s}{'KiB sent':>12s}{'KiB counted':>13s}"

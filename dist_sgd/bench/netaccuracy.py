@@ -2,10 +2,6 @@
 
     sudo python3 -m dist_sgd.bench netaccuracy   # needs root (network namespaces); ~10 min
 
-The data: Fashion-MNIST where its files are (`apt-get install dataset-fashion-mnist`, or
-DIST_SGD_FASHION_MNIST), else what the lessons use, get_dataset("auto") (MNIST if it can be
-downloaded, else a synthetic set), which says which; DIST_SGD_DATASET chooses one.
-
 On 10 Mbit/s a synchronous step of Net (87 KB of gradients, ~10 ms of compute per node
 here) waits ~0.1 s for its all-reduce: communication is most of the step. Four ways to train
 the same model from the same start on the same data (each node its own quarter of every
@@ -18,12 +14,6 @@ global batch of 4 x 32, SGD lr 0.05 momentum 0.9 unless said otherwise, EPOCHS e
     DiLoCo (H = 24)        local steps of plain SGD (lr 0.1: the outer momentum takes the
                            place of the inner one), every 24 steps an outer Nesterov step (lr
                            0.7, momentum 0.9) along the average's move (Douillard et al. 2023)
-
-Every EVAL_EVERY steps (a multiple of both periods, right after an average) the clock stops,
-the nodes score the model on the 10,000 test images together, and the clock goes on. Each
-method's wall time and bytes sent per node (a ring all-reduce sends 2(p-1)/p of what it
-reduces) to reach NETACCURACY_TARGET test accuracy (dist_sgd.plumbing.figures, where the
-summary lesson 10 quotes lives), and its accuracy after the last step, go into netaccuracy.csv.
 """
 import os
 import sys
@@ -95,6 +85,14 @@ def _wrap(method, model, p):
 
 
 def _train(method, rank, p, train, test, s):
+    """One method's run on this node: its rows.
+
+    Every EVAL_EVERY steps (a multiple of both periods, right after an average) the clock stops,
+    the nodes score the model on the 10,000 test images together, and the clock goes on. Each
+    method's wall time and bytes sent per node (a ring all-reduce sends 2(p-1)/p of what it
+    reduces) to reach NETACCURACY_TARGET test accuracy (dist_sgd.plumbing.figures, where the
+    summary lesson 10 quotes lives), and its accuracy after the last step, go into netaccuracy.csv.
+    """
     from dist_sgd.sgd.train import evaluate
 
     model = _fresh(rank)
@@ -143,7 +141,12 @@ def _slowest(seconds):
 
 
 def dataset():
-    """The name of the dataset to train on (see the module's docstring); says which and why."""
+    """The name of the dataset to train on; says which and why.
+
+    The data: Fashion-MNIST where its files are (`apt-get install dataset-fashion-mnist`, or
+    DIST_SGD_FASHION_MNIST), else what the lessons use, get_dataset("auto") (MNIST if it can be
+    downloaded, else a synthetic set), which says which; DIST_SGD_DATASET chooses one.
+    """
     if os.environ.get("DIST_SGD_DATASET", "auto") == "auto":
         try:
             return get_dataset("fashion-mnist").name

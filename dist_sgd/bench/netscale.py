@@ -16,15 +16,7 @@ link-bound for big messages. For each node count p a fresh cluster runs, in ever
   3. times the five all-reduces at 1 KiB - 16 MiB, alternated at each size (medians); naive
      apart, after the others (its incast slows whatever runs right after it).
 
-Then one alpha-beta line is fitted once, to the 2-node ping-pong (every cluster's links are
-alike; the all-reduces it predicts never enter the fit), and predicts every measured point
-with the algorithm's steps (dist_sgd.scale.costmodel; gloo's all-reduce is a ring) twice:
-the link alone (`model_link`: what a cluster with a core per rank sees, the one lesson 10
-extrapolates with) and the link plus this machine's CPU (`model`: p ranks taking turns on
-its cores, with the CPU cost per message measured in step 2, never fitted to an all-reduce):
-dist_sgd.plumbing.figures' netscale_with_model and netscale_summary, which lesson 10 quotes.
-Capped to keep the run under 20 minutes: naive at 8 and 16 nodes stops at 4 MiB (one 16 MiB
-sample would take 20 and 40 s; its 1-4 MiB points already test its line).
+The alpha-beta fit and its two predictions of every point: report()'s docstring.
 """
 import os
 import sys
@@ -144,6 +136,18 @@ def measure(quick=False):
 
 
 def report(rows):
+    """The measured points beside the model's predictions.
+
+    Then one alpha-beta line is fitted once, to the 2-node ping-pong (every cluster's links are
+    alike; the all-reduces it predicts never enter the fit), and predicts every measured point
+    with the algorithm's steps (dist_sgd.scale.costmodel; gloo's all-reduce is a ring) twice:
+    the link alone (`model_link`: what a cluster with a core per rank sees, the one lesson 10
+    extrapolates with) and the link plus this machine's CPU (`model`: p ranks taking turns on
+    its cores, with the CPU cost per message measured in step 2, never fitted to an all-reduce):
+    dist_sgd.plumbing.figures' netscale_with_model and netscale_summary, which lesson 10 quotes.
+    Capped to keep the run under 20 minutes: naive at 8 and 16 nodes stops at 4 MiB (one 16 MiB
+    sample would take 20 and 40 s; its 1-4 MiB points already test its line).
+    """
     rows = netscale_with_model(rows)  # from the fit of these rows (a CSV's model may be older)
     alpha, beta = netscale_fit(rows)
     rate = cluster.parse_rate(RATE) / 8  # bytes/s

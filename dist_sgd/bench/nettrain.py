@@ -12,27 +12,8 @@ step: forward, loss, backward, its gradient sync, SGD update:
     local SGD (H = 8)      8 steps without communication, then one average of the weights
                            (one sample times all 8 steps; a step is an eighth)
 
-and, measured alone at the same node count, what the CPU costs: the step with no
-communication ("compute"), its forward pass, and the step plus PowerSGD's own arithmetic
-(its all-reduces on a group of one rank, so nothing crosses a link). The nodes share this
-machine's cores, so compute at p nodes is slower than at one: that slowdown is the CPU's,
-not the network's, and every number below keeps the two apart.
-
-The model (dist_sgd.scale.costmodel, alpha and beta fitted to a ping-pong between the nodes
-of the 2-node cluster, never to the steps) gets the measured compute and predicts, twice:
-with the link alone (`model_link`) and with this machine's CPU share of every message
-(`model`: the CPU seconds a message costs, measured alone in the 2-node cluster by
-dist_sgd.comm.p2p.exchange_cpu, and p ranks taking turns on its cores):
-
-    average_gradients   compute + the all-reduce of every parameter, one after another
-    DDPs                forward + max(backward, the all-reduce of every bucket)
-    PowerSGD            compute with PowerSGD's arithmetic + for each bucket, one after the
-                        other: max(its plain tensors, its P's) + its Q's (the hook starts the
-                        first two together; gloo runs them on two threads)
-    local SGD           compute + one all-reduce of the weights / 8
-
-Every bucket is read after the timed steps: the layout a DDP rebuilds after its first backward
-(BigNet: fc2 and fc1 together, then the convolutions), not the single bucket it starts with.
+What the CPU costs alone at each node count, and the cost model's two predictions of each
+strategy (the link alone, and with this machine's CPU share): predict()'s docstring.
 """
 import os
 import sys
@@ -205,7 +186,30 @@ def _messages(row):
 
 def predict(rows, alpha, beta, cpu=None):
     """{(name, nodes): predicted seconds per step} from the measured parts alone; cpu: None
-    (the link alone) or this machine's share of a message (costmodel.predict_all_reduce)."""
+    (the link alone) or this machine's share of a message (costmodel.predict_all_reduce).
+
+    and, measured alone at the same node count, what the CPU costs: the step with no
+    communication ("compute"), its forward pass, and the step plus PowerSGD's own arithmetic
+    (its all-reduces on a group of one rank, so nothing crosses a link). The nodes share this
+    machine's cores, so compute at p nodes is slower than at one: that slowdown is the CPU's,
+    not the network's, and every number below keeps the two apart.
+
+    The model (dist_sgd.scale.costmodel, alpha and beta fitted to a ping-pong between the nodes
+    of the 2-node cluster, never to the steps) gets the measured compute and predicts, twice:
+    with the link alone (`model_link`) and with this machine's CPU share of every message
+    (`model`: the CPU seconds a message costs, measured alone in the 2-node cluster by
+    dist_sgd.comm.p2p.exchange_cpu, and p ranks taking turns on its cores):
+
+        average_gradients   compute + the all-reduce of every parameter, one after another
+        DDPs                forward + max(backward, the all-reduce of every bucket)
+        PowerSGD            compute with PowerSGD's arithmetic + for each bucket, one after the
+                            other: max(its plain tensors, its P's) + its Q's (the hook starts the
+                            first two together; gloo runs them on two threads)
+        local SGD           compute + one all-reduce of the weights / 8
+
+    Every bucket is read after the timed steps: the layout a DDP rebuilds after its first backward
+    (BigNet: fc2 and fc1 together, then the convolutions), not the single bucket it starts with.
+    """
     alone = {(r["name"], r["nodes"]): r["seconds"] for r in rows if r["part"] == "alone"}
     out = {}
     for r in rows:

@@ -12,15 +12,8 @@ fewer bytes, at the price of copies that drift apart in between. With H = 1 and 
 it is synchronous SGD exactly: averaging w - lr * g_r over the ranks is w - lr * mean(g_r);
 with momentum and weight decay too, because every piece of the update is linear in g.
 
-The schedule is torch's PeriodicModelAverager's, step for step (tests prove it): a counter
-starts at 0 and the weights are averaged when counter >= warmup_steps and
-(counter - warmup_steps) % period == 0, so the first average follows the first step.
-
-DiLoCo (Douillard et al. 2023) adds an *outer* optimizer: the ranks' average is not taken
-as is, but read as a gradient, outer_grad = anchor - average, where anchor is the model of
-the last sync, and the anchor takes a step of SGD with Nesterov momentum (the paper:
-outer_lr 0.7, momentum 0.9). With outer_lr = 1 and no momentum that step lands exactly on
-the average: plain local SGD again.
+The schedule (torch's PeriodicModelAverager's, step for step) and DiLoCo's outer optimizer:
+LocalSGD's docstring.
 """
 import torch
 import torch.distributed as dist
@@ -58,6 +51,16 @@ class LocalSGD:
     outer_lr: None for plain averaging; a number for DiLoCo's outer SGD step (with
     outer_momentum and nesterov). `syncs` counts the averages, `bytes_per_sync` is what one
     ring all-reduce of the weights sends per rank (2 (p-1)/p * n bytes).
+
+    The schedule is torch's PeriodicModelAverager's, step for step (tests prove it): a counter
+    starts at 0 and the weights are averaged when counter >= warmup_steps and
+    (counter - warmup_steps) % period == 0, so the first average follows the first step.
+
+    DiLoCo (Douillard et al. 2023) adds an *outer* optimizer: the ranks' average is not taken
+    as is, but read as a gradient, outer_grad = anchor - average, where anchor is the model of
+    the last sync, and the anchor takes a step of SGD with Nesterov momentum (the paper:
+    outer_lr 0.7, momentum 0.9). With outer_lr = 1 and no momentum that step lands exactly on
+    the average: plain local SGD again.
     """
 
     def __init__(self, params, period, warmup_steps=0, group=None, outer_lr=None,

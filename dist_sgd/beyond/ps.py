@@ -15,27 +15,8 @@ The parameters are one flat vector cut into contiguous shards, one per server (D
 Dean et al. 2012), so every server moves and updates only its share. Each server steps its
 shard with dist_sgd.sgd.optim.SGD, elementwise, as an optimizer would step the whole model.
 
-mode="sync": a server waits for a gradient from every worker, averages them, steps once and
-  sends the new weights to all: all-reduce SGD, computed in one place (equal within rounding).
-mode="async": a server applies each gradient as it arrives and sends the result back to its
-  sender only. A gradient computed on weights that have since been updated k times has
-  *staleness* k; `staleness_aware=True` divides the learning rate by it (Zhang et al. 2016).
-
-The protocol. Every message from a worker is a header [kind, step, has_grad...] (kind GRAD or
-DONE; one 0/1 per trainable parameter: did it get a gradient) on HEADER_TAG, for GRAD
-followed by the gradient shard on DATA_TAG; a server answers with weights
-on DATA_TAG. A worker that is done sends DONE and waits for the final weights, which every
-server sends to every worker once all of them are done. Nothing waits forever: a server that
-hears nothing from its workers for `timeout` seconds raises, naming the silent workers, and
-a rank that dies is reported by launch() (its peers' receives fail).
-
-Only trainable parameters travel (frozen ones stay as each worker built them; buffers such as
-BatchNorm statistics stay on each worker). A trainable parameter that got no gradient in a
-step (p.grad is None) travels as zeros, and the header says so: the server steps its shard
-parameter by parameter (one view each), and skips a parameter no worker of this update had a
-gradient for, as torch.optim.SGD skips it (no momentum or weight decay moves it). One that
-some workers of a sync step had a gradient for and others not is averaged with zeros for the
-others, as DDP does for an unused parameter.
+mode="sync" is all-reduce SGD computed in one place, mode="async" applies each gradient as
+it arrives; the messages, and what travels: ParameterServer's docstring.
 """
 import datetime
 
@@ -96,7 +77,30 @@ def _check_ranks(servers, workers):
 
 
 class ParameterServer:
-    """One server: holds its shard of the weights, serves `workers` until all are done."""
+    """One server: holds its shard of the weights, serves `workers` until all are done.
+
+    mode="sync": a server waits for a gradient from every worker, averages them, steps once and
+      sends the new weights to all: all-reduce SGD, computed in one place (equal within rounding).
+    mode="async": a server applies each gradient as it arrives and sends the result back to its
+      sender only. A gradient computed on weights that have since been updated k times has
+      *staleness* k; `staleness_aware=True` divides the learning rate by it (Zhang et al. 2016).
+
+    The protocol. Every message from a worker is a header [kind, step, has_grad...] (kind GRAD or
+    DONE; one 0/1 per trainable parameter: did it get a gradient) on HEADER_TAG, for GRAD
+    followed by the gradient shard on DATA_TAG; a server answers with weights
+    on DATA_TAG. A worker that is done sends DONE and waits for the final weights, which every
+    server sends to every worker once all of them are done. Nothing waits forever: a server that
+    hears nothing from its workers for `timeout` seconds raises, naming the silent workers, and
+    a rank that dies is reported by launch() (its peers' receives fail).
+
+    Only trainable parameters travel (frozen ones stay as each worker built them; buffers such as
+    BatchNorm statistics stay on each worker). A trainable parameter that got no gradient in a
+    step (p.grad is None) travels as zeros, and the header says so: the server steps its shard
+    parameter by parameter (one view each), and skips a parameter no worker of this update had a
+    gradient for, as torch.optim.SGD skips it (no momentum or weight decay moves it). One that
+    some workers of a sync step had a gradient for and others not is averaged with zeros for the
+    others, as DDP does for an unused parameter.
+    """
 
     def __init__(self, model, servers, workers, lr, momentum=0.0, weight_decay=0.0, mode="sync",
                  staleness_aware=False, max_updates=None, timeout=TIMEOUT):

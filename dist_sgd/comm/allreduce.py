@@ -10,14 +10,11 @@ p ranks, n bytes, a latency a per message and b seconds per byte (the alpha-beta
     halving_doubling  recursive halving + doubling (Rabenseifner)       2 log2(p) a + 2(p-1)/p n b
     ring_pipelined    the ring, with segments in flight (ring_pipelined.py: speed work)
 
-The tree's broadcast and halving-doubling's exchanges send big messages by rendezvous (wire.py:
-the receiver's ack before the sender's next message), which adds a latency per message of
-RENDEZVOUS_BYTES or more: log2(p) a for the tree, up to 2 log2(p) a for halving-doubling.
-
-Ring and halving-doubling only send pieces: each rank sends ~2n bytes whatever p is (the
-least possible). collectives.py, the public API, reuses the ring's phases for
-reduce_scatter and all_gather, and the tree for reduce and broadcast. Wherever a rank both
-receives and sends in one step, the receive is posted first (wire.Link.start says why).
+Big messages of the tree's broadcast and of halving-doubling go by rendezvous (wire.py), a
+latency more per message. Ring and halving-doubling send ~2n bytes per rank whatever p is (the
+least possible); collectives.py reuses the ring's phases for reduce_scatter and all_gather and
+the tree for reduce and broadcast. A rank that receives and sends in one step posts the
+receive first (wire.Link.start says why).
 """
 import torch
 

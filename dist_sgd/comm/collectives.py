@@ -2,36 +2,18 @@
 
     broadcast(tensor, src=0)               src's tensor -> everyone
     reduce(tensor, dst=0, op=SUM)          op over everyone's tensor -> dst
-    all_reduce(tensor, op=SUM, algorithm="ring", trace=None)
-                                           op over everyone's tensor -> everyone
+    all_reduce(tensor, op=SUM, algorithm="ring", trace=None)   op over all -> everyone
     all_gather(tensor_list, tensor)        everyone's tensor -> everyone's list
     gather(tensor, gather_list, dst=0)     everyone's tensor -> dst's list
     scatter(tensor, scatter_list, src=0)   src's list[i] -> rank i
     reduce_scatter(output, input_list, op=SUM)   op over everyone's input_list[i] -> rank i
     barrier()                              nobody leaves before everyone arrived
 
-Same signatures (less async_op=) and in-place semantics as torch.distributed's
-functions of the same name: results land in the tensors passed in; reduce leaves the
-non-destination ranks' tensors unchanged and reduce_scatter its inputs. Any world size,
-any tensor: empty, 0-d, non-contiguous (we work on a contiguous copy and copy back), on the
-CPU (gloo) or a GPU (NCCL; temporaries are made on the tensor's device).
-
-Reduce ops: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR on the dtypes gloo reduces, with
-gloo's results, but one: MIN and MAX propagate every NaN (torch.minimum / torch.maximum: a NaN
-on any rank is NaN in the result), where gloo keeps or drops a NaN depending on the order it
-combines the ranks in (at world size 3 it drops some): ours is the sounder answer. What gloo
-refuses (bitwise ops on floats, AVG on integers, MIN on complex, int16, PREMUL_SUM) raises
-TypeError/ValueError on every rank before any message is sent.
-Every rank must pass as many elements: TORCH_DISTRIBUTED_DEBUG=DETAIL checks it in every
-collective (see _same_everywhere). Not supported: async_op=, sparse tensors (TypeError).
-
-group=: a subgroup from dist.new_group (or a DeviceMesh's get_group()), as in torch: list
-entries are indexed by rank in the group, src and dst are global ranks (a root outside the
-group: ValueError on every member), and a rank outside the group returns at once, its tensors
-untouched. Messages go to the members' global ranks over the default group.
-
-DIST_SGD_VERBOSE=1 prints every send and receive: `[rank r] send -> peer p chunk c (n bytes)`.
-The algorithms themselves live in allreduce.py.
+torch.distributed's signatures (less async_op=) and in-place results, for any world size and
+tensor (empty, 0-d, non-contiguous), on CPU (gloo) or GPU (NCCL), group= as torch's (roots are
+global ranks; a rank outside the group returns at once). Gloo's reduce ops and results, except
+that MIN and MAX propagate every NaN; what gloo refuses raises on every rank before a message
+is sent. DIST_SGD_VERBOSE=1 prints every send and receive; the algorithms are allreduce.py's.
 """
 import os
 import zlib

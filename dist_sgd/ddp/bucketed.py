@@ -4,45 +4,12 @@
     F.nll_loss(model(x), y).backward()     # gradients come back averaged over every rank
     opt.step()
 
-1. Buckets: the trainable parameters' gradients travel packed in flat buffers of at most about
-   bucket_cap_mb MiB, one all-reduce per bucket instead of one per parameter (every message
-   pays the network's start-up latency). The rules are torch's (torch/nn/parallel/distributed.py
-   and its C++ reducer), so that our buckets, and gloo's order of adding, are the same as torch's:
-   - The first backward runs with one bucket, every parameter in forward order: nobody knows yet
-     in which order the gradients will be ready (forward order is a guess, and a wrong guess
-     would leave buckets waiting for a gradient that comes last).
-   - At its end the buckets are rebuilt, once, in the order the gradients became ready on rank 0
-     (broadcast: every rank must hold the same buckets). Now each bucket fills up in one stretch
-     of backward and is sent as soon as it is full, while autograd computes earlier layers.
-     rebuild_after=2 rebuilds one backward later (torch's static_graph=True: its first backward
-     only records the graph); backward passes that do not synchronize (no_sync) do not count.
-   - Parameters of different dtypes never share a bucket (one flat buffer each). In a rebuild,
-     buckets filled up to their cap come first, in the order they filled; the partly filled
-     last bucket of each dtype follows, the dtype whose first gradient was ready last first (so
-     a float64 bucket can come before a float32 one): the order torch's reducer gives them, and
-     the indices a communication hook sees.
-   - bucket_cap_mb=None is torch's default: 25 MiB, but the first bucket only 1 MiB
-     (dist._DEFAULT_FIRST_BUCKET_BYTES): the first gradients ready go out early instead of
-     waiting for 25 MiB more of them. A number caps every bucket, the first one too.
-   - rebuild_after=None (torch's find_unused_parameters=True, where the order may change from
-     step to step) builds capped buckets in reverse parameter order once, and keeps them.
-2. Backward: a hook on each parameter fires when autograd has accumulated its gradient, which
-   is copied into its bucket, times 1 / world size as torch does (summing those averages). A
-   complete bucket is all-reduced asynchronously, buckets strictly in order: every rank must
-   issue the same collectives in the same order.
-3. End of backward: a bucket still waiting for an unused parameter is completed with its .grad
-   (or zeros) and sent anyway, so no rank waits for an all-reduce its peer never starts. One
-   small all-reduce counts the ranks that used each parameter (torch's find_unused_parameters
-   does the same): a parameter no rank used keeps its .grad (None stays None, as in torch, where
-   a zero would still move momentum). The averages go into .grad before backward() returns.
-
-Extension points (dist_sgd.ddp.ddp.DistributedDataParallel holds this class and uses them):
-    reduce(bucket) -> Future of the bucket's averaged flat buffer; None: the all-reduce above.
-        With a reduce, gradients are copied unscaled (torch's comm hooks divide themselves).
-    on_event(event, **fields): called at "hook", "launch", "done", "flush" and "synchronized".
-    sync: False makes the next backward only accumulate local gradients (no_sync).
-Every collective goes through in_order (dist_sgd.comm.ordered): a reduce may issue more from
-callbacks, later.
+Gradients travel packed in flat buckets of about bucket_cap_mb MiB, one all-reduce per bucket
+instead of one per parameter (every message pays the network's start-up latency): gradient
+hooks fill them during backward, each bucket is all-reduced as soon as it is full, in the same
+order on every rank, and unused parameters are flushed and counted at the end. The bucket
+rules are torch's (so gloo adds in torch's order): BucketedDDP's docstring, step by step.
+dist_sgd.ddp.ddp.DistributedDataParallel wraps this class through its extension points.
 """
 import torch
 import torch.distributed as dist
@@ -91,7 +58,48 @@ class Bucket:
 
 
 class BucketedDDP(nn.Module):
-    """Gradients averaged over ranks, in buckets, during backward; see the module docstring."""
+    """Gradients averaged over ranks, in buckets, during backward; see the module docstring.
+
+    1. Buckets: the trainable parameters' gradients travel packed in flat buffers of at most about
+       bucket_cap_mb MiB, one all-reduce per bucket instead of one per parameter (every message pays
+       the network's start-up latency). The rules are torch's (torch/nn/parallel/distributed.py and
+       its C++ reducer), so that our buckets, and gloo's order of adding, are the same as torch's:
+       - The first backward runs with one bucket, every parameter in forward order: nobody knows yet
+         in which order the gradients will be ready (forward order is a guess, and a wrong guess
+         would leave buckets waiting for a gradient that comes last).
+       - At its end the buckets are rebuilt, once, in the order the gradients became ready on rank 0
+         (broadcast: every rank must hold the same buckets). Now each bucket fills up in one stretch
+         of backward and is sent as soon as it is full, while autograd computes earlier layers.
+         rebuild_after=2 rebuilds one backward later (torch's static_graph=True: its first backward
+         only records the graph); backward passes that do not synchronize (no_sync) do not count.
+       - Parameters of different dtypes never share a bucket (one flat buffer each). In a rebuild,
+         buckets filled up to their cap come first, in the order they filled; the partly filled
+         last bucket of each dtype follows, the dtype whose first gradient was ready last first (so
+         a float64 bucket can come before a float32 one): the order torch's reducer gives them, and
+         the indices a communication hook sees.
+       - bucket_cap_mb=None is torch's default: 25 MiB, but the first bucket only 1 MiB
+         (dist._DEFAULT_FIRST_BUCKET_BYTES): the first gradients ready go out early instead of
+         waiting for 25 MiB more of them. A number caps every bucket, the first one too.
+       - rebuild_after=None (torch's find_unused_parameters=True, where the order may change from
+         step to step) builds capped buckets in reverse parameter order once, and keeps them.
+    2. Backward: a hook on each parameter fires when autograd has accumulated its gradient, which
+       is copied into its bucket, times 1 / world size as torch does (summing those averages). A
+       complete bucket is all-reduced asynchronously, buckets strictly in order: every rank must
+       issue the same collectives in the same order.
+    3. End of backward: a bucket still waiting for an unused parameter is completed with its .grad
+       (or zeros) and sent anyway, so no rank waits for an all-reduce its peer never starts. One
+       small all-reduce counts the ranks that used each parameter (torch's find_unused_parameters
+       does the same): a parameter no rank used keeps its .grad (None stays None, as in torch, where
+       a zero would still move momentum). The averages go into .grad before backward() returns.
+
+    Extension points (dist_sgd.ddp.ddp.DistributedDataParallel holds this class and uses them):
+        reduce(bucket) -> Future of the bucket's averaged flat buffer; None: the all-reduce above.
+            With a reduce, gradients are copied unscaled (torch's comm hooks divide themselves).
+        on_event(event, **fields): called at "hook", "launch", "done", "flush" and "synchronized".
+        sync: False makes the next backward only accumulate local gradients (no_sync).
+    Every collective goes through in_order (dist_sgd.comm.ordered): a reduce may issue more from
+    callbacks, later.
+    """
 
     def __init__(self, module, bucket_cap_mb=None, reduce=None, on_event=None,
                  rebuild_after=1, init_sync=True):

@@ -16,13 +16,6 @@ ddp_comm_hooks; tests/test_compress.py compares them on torch's DDP):
     powerSGD_hook(PowerSGDState, bucket) each gradient matrix M (n x m) sent as two thin
                                          matrices P (n x r) and Q (m x r): (n + m) r values
                                          instead of n m (Vogels et al., NeurIPS 2019)
-
-PowerSGD is one step of power iteration per training step: P = M Q, orthogonalize P,
-Q = M^T P, and M ~ P Q^T. Since P and Q are all-reduced (linear, so the average of M_i Q is
-(average M_i) Q), every rank ends with the same rank-r approximation of the averaged gradient.
-What the approximation drops is kept per rank (error feedback) and added to the next step's
-gradient, so nothing is lost for good, only delayed. Warm start reuses last step's Q as the
-starting point, so the power iteration keeps improving over steps.
 """
 from collections import defaultdict
 
@@ -154,6 +147,13 @@ def powerSGD_hook(state, bucket):
     gloo thread. (torch's powerSGD_hook waits inside its callbacks: on gloo, with several
     buckets, it can hang or abort. On our DDP, which runs every hook in_order, it runs; on
     torch's, wrap it: `lambda s, b: in_order(lambda: torch_powerSGD_hook(s, b))`.)
+
+    PowerSGD is one step of power iteration per training step: P = M Q, orthogonalize P,
+    Q = M^T P, and M ~ P Q^T. Since P and Q are all-reduced (linear, so the average of M_i Q is
+    (average M_i) Q), every rank ends with the same rank-r approximation of the averaged gradient.
+    What the approximation drops is kept per rank (error feedback) and added to the next step's
+    gradient, so nothing is lost for good, only delayed. Warm start reuses last step's Q as the
+    starting point, so the power iteration keeps improving over steps.
     """
     return in_order(lambda: _power_sgd(state, bucket))
 

@@ -15,17 +15,7 @@ There is no all-reduce: the copies of step 2 are autograd operations, so the sin
 from the gathered output flows back through them and *sums* every replica's gradient into the
 original parameters - the gradient of the whole batch, exactly what one process computes.
 
-Why people moved to DistributedDataParallel: the module is copied again on every forward, the
-first device does the gathering and the loss for everyone, and the threads share one Python
-interpreter, whose lock (the GIL) lets only one thread run Python code at a time. Torch
-releases the GIL inside its kernels, so big layers can run in parallel, but all the Python
-between them is serialized; and on the CPU, autograd runs the whole backward in one thread.
-torch.nn.DataParallel with no GPU simply calls the module: that is also what ours does when
-device_ids is None and there is no GPU.
-
-Where ours differs from torch's (README, "How ours differs from torch's"): tensors whose sizes
-along `dim` differ are refused (torch chunks each separately and silently pairs them up wrong
-or drops replicas); an empty batch and 0-d tensor inputs are refused with a clear message.
+Why people moved to DDP, and where ours differs from torch's: DataParallel's docstring.
 """
 import threading
 import time
@@ -201,6 +191,18 @@ class DataParallel(nn.Module):
     outputs are gathered; dim is the dimension inputs are split along. The module's parameters
     and buffers must live on device_ids[0]. `.last_times` holds the seconds each phase of the
     latest forward took.
+
+    Why people moved to DistributedDataParallel: the module is copied again on every forward, the
+    first device does the gathering and the loss for everyone, and the threads share one Python
+    interpreter, whose lock (the GIL) lets only one thread run Python code at a time. Torch
+    releases the GIL inside its kernels, so big layers can run in parallel, but all the Python
+    between them is serialized; and on the CPU, autograd runs the whole backward in one thread.
+    torch.nn.DataParallel with no GPU simply calls the module: that is also what ours does when
+    device_ids is None and there is no GPU.
+
+    Where ours differs from torch's (README, "How ours differs from torch's"): tensors whose sizes
+    along `dim` differ are refused (torch chunks each separately and silently pairs them up wrong
+    or drops replicas); an empty batch and 0-d tensor inputs are refused with a clear message.
     """
 
     def __init__(self, module, device_ids=None, output_device=None, dim=0):

@@ -17,12 +17,6 @@ forward, what a training loop written for torch's DDP expects:
     buffers                         rank 0's buffers broadcast before a forward, when torch's are
     device_ids / output_device      inputs moved to the module's one device
     .trace                          the core's `on_event`: when each hook, launch, done happened
-
-The buckets keep torch's timing: find_unused_parameters=False (default), one bucket in the first
-backward, then rebuilt in gradient-ready order; static_graph=True, rebuilt one backward later
-(torch's first backward with a static graph only records it); find_unused_parameters=True alone,
-capped buckets in reverse parameter order, never rebuilt. Unused parameters are handled either
-way (the core counts them).
 """
 import contextlib
 import time
@@ -46,6 +40,12 @@ class DistributedDataParallel(BucketedDDP):
     arguments, device_ids / output_device (one device, the module's), broadcast_buffers,
     init_sync, find_unused_parameters, static_graph, check_reduction and dim are accepted with
     torch's meaning; the rest raise ValueError naming the argument unless left at torch's default.
+
+    The buckets keep torch's timing: find_unused_parameters=False (default), one bucket in the first
+    backward, then rebuilt in gradient-ready order; static_graph=True, rebuilt one backward later
+    (torch's first backward with a static graph only records it); find_unused_parameters=True alone,
+    capped buckets in reverse parameter order, never rebuilt. Unused parameters are handled either
+    way (the core counts them).
     """
 
     def __init__(self, module, bucket_cap_mb=None, all_reduce=None, *, device_ids=None,

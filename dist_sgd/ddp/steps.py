@@ -7,18 +7,11 @@ All three wrappers are used the same way, so the training loop never changes:
     model.finish_gradient_synchronization()   # step 1 does all its work here; 2 and 3 are done
     opt.step()
 
-Step 1, NaiveDDP: wait for the whole backward, then average_gradients (lesson 06): the network
-sits idle while gradients are computed, then the CPU sits idle while they travel.
-Step 2, HookDDP adds one idea: a hook on every parameter launches an asynchronous all-reduce
-of its gradient as soon as autograd has accumulated it, so the last layer's gradient travels
-while earlier layers' gradients are still being computed. One message per parameter, though:
-many small messages each pay the network's start-up latency. And it assumes every rank
-produces every gradient, in the same order: a parameter unused on one rank only makes the
-ranks pair up different all-reduces (an error, or a hang until the timeout).
-Step 3, the core BucketedDDP (dist_sgd/ddp/bucketed.py): the same hooks, but gradients are
-packed into buckets in torch's layout, launched strictly in bucket order, and unused parameters
-are flushed at the end of backward: fewer, larger messages, still overlapped, and no hang.
-(dist_sgd.ddp.ddp.DistributedDataParallel puts torch's interface around that core.)
+Step 1, NaiveDDP: wait for the whole backward, then average_gradients. Step 2, HookDDP: a
+hook on every parameter launches its all-reduce as soon as its gradient is ready, so the
+network works while backward goes on. Step 3, the core BucketedDDP (dist_sgd/ddp/bucketed.py):
+the same hooks, gradients packed into buckets in torch's layout. What each step costs, and why
+the next: NaiveDDP's and HookDDP's docstrings.
 """
 import time
 
@@ -32,7 +25,11 @@ from dist_sgd.sgd.sync import average_gradients, broadcast_parameters
 
 
 class NaiveDDP(nn.Module):
-    """Step 1: broadcast at construction; average_gradients after backward, when asked."""
+    """Step 1: broadcast at construction; average_gradients after backward, when asked.
+
+    Step 1, NaiveDDP: wait for the whole backward, then average_gradients (lesson 06): the network
+    sits idle while gradients are computed, then the CPU sits idle while they travel.
+    """
 
     def __init__(self, module, all_reduce=None, flat=False):
         super().__init__()
@@ -47,7 +44,19 @@ class NaiveDDP(nn.Module):
 
 
 class HookDDP(nn.Module):
-    """Step 2: one asynchronous all-reduce per parameter, launched by its gradient hook."""
+    """Step 2: one asynchronous all-reduce per parameter, launched by its gradient hook.
+
+    Step 2, HookDDP adds one idea: a hook on every parameter launches an asynchronous all-reduce
+    of its gradient as soon as autograd has accumulated it, so the last layer's gradient travels
+    while earlier layers' gradients are still being computed. One message per parameter, though:
+    many small messages each pay the network's start-up latency. And it assumes every rank
+    produces every gradient, in the same order: a parameter unused on one rank only makes the
+    ranks pair up different all-reduces (an error, or a hang until the timeout).
+    Step 3, the core BucketedDDP (dist_sgd/ddp/bucketed.py): the same hooks, but gradients are
+    packed into buckets in torch's layout, launched strictly in bucket order, and unused parameters
+    are flushed at the end of backward: fewer, larger messages, still overlapped, and no hang.
+    (dist_sgd.ddp.ddp.DistributedDataParallel puts torch's interface around that core.)
+    """
 
     def __init__(self, module, all_reduce=None):
         super().__init__()

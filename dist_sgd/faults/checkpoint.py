@@ -11,62 +11,30 @@ Every rank calls both (they are collective when a process group exists). On disk
     ckpt_dir/step-00000120/checksums.json   each file's sha256 and size, as written
     ckpt_dir/latest                         one line, "step-00000120": the checkpoint to load
 
-What is shared is saved whole, in the layout of one process: the model's full state_dict and
-the optimizer's plain state_dict (a ZeRO-1 optimizer's shards consolidated on rank 0 first,
-torch's consolidate_state_dict(to=0) idiom). So any world size can load it: every rank reads
-the whole file and keeps what it needs (ShardedOptimizer.load_state_dict keeps its shard).
-The data position is saved as `items`, the number of global items consumed: with the global
-batch fixed, each rank re-derives its share of the next batch at the new world size.
-
-What is per rank cannot carry over to another world size: rank r's random generators continue
-a stream that belonged to one rank of the old split. So at the same world size every rank
-restores its own generators (a resumed run is bit for bit the uninterrupted one), and at
-another world size none is restored: every rank's generators are seeded from (step, rank)
-instead (state["rng"] says which), deterministic for a given (step, rank). The per-rank
-`sampler` and `extra` then come back as None. Training whose every random draw is a function
-of (step, rank), or of the global item, loses nothing by that; a resumed run then differs from
-an uninterrupted one only by the float rounding of sums split another way.
-
-Atomic: every file is written to a temporary name and renamed (a rename within one filesystem
-is atomic), and `latest` moves to the new step only after every rank has finished writing (a
-barrier), again by a rename. The previous checkpoint stays loadable until then; older ones
-beyond `keep` are removed after.
-
-A checkpoint that does not fit is refused before anything changes, with the reason: a model
-with other parameter names or shapes, an optimizer of another kind or size, a damaged file
-(named). Damaged: torch.load checks no checksum (a flipped byte in a tensor loads as a wrong
-weight), so every file is read whole and its sha256 and size compared with checksums.json
-first. Each rank checks what it reads (the shared file, its own), then the ranks compare: one
-rank's refusal is every rank's, before any rank loads anything. As a last guard, a load that
-fails half-way (an optimizer raising on the saved state) on any rank puts every rank's model
-and optimizer back.
-
-FullyShardedDataParallel: each rank holds pieces of the weights and of the optimizer state (the
-momentum, Adam's moments), so both go in and out full (dist_sgd.shard.fsdp_io: the pieces
-gathered on the way out, each rank's cut again on the way in), as torch's
-get_state_dict / set_state_dict with full_state_dict=True: the same file as the plain model's,
-loadable at any world size. `full_model_state` / `full_optimizer_state` and their loaders are
-where another sharded model would plug in.
+What is shared is saved whole, in one process's layout, so any world size loads it; what is
+per rank (the random generators) comes back only at the same world size (full_model_state's
+and reseed's docstrings). A checkpoint that does not fit or is damaged is refused on every
+rank before anything changes (_refusal's). The files themselves, written atomically and
+checked against their checksums: checkpoint_files.py.
 """
 import copy
 import hashlib
 import io
-import json
 import os
 import random
-import shutil
 
 import torch
 import torch.distributed as dist
 
+from dist_sgd.faults.checkpoint_files import (  # the files, here too where tests import them
+    CHECKSUMS, LATEST, _atomic_save, _atomic_write, _atomic_write_text, _checksums, _digest,
+    _remove_old, _verified, _write_checksums, latest_checkpoint, step_dir)
 from dist_sgd.plumbing.mine import swap_in
 from dist_sgd.plumbing.rank import world
 from dist_sgd.shard.fsdp import FullyShardedDataParallel
 from dist_sgd.shard.fsdp_io import (full_optim_state_dict, full_shapes,
                                     load_full_optim_state_dict, optim_state_problems)
 
-LATEST = "latest"
-CHECKSUMS = "checksums.json"
 RESTORED = "restored"
 RESEEDED = "reseeded from (step, rank)"
 
@@ -114,7 +82,17 @@ def set_rng_state(state):
 
 
 def reseed(step, rank):
-    """Seed every generator from (step, rank): what a rank of a new world size starts from."""
+    """Seed every generator from (step, rank): what a rank of a new world size starts from.
+
+    What is per rank cannot carry over to another world size: rank r's random generators continue
+    a stream that belonged to one rank of the old split. So at the same world size every rank
+    restores its own generators (a resumed run is bit for bit the uninterrupted one), and at
+    another world size none is restored: every rank's generators are seeded from (step, rank)
+    instead (state["rng"] says which), deterministic for a given (step, rank). The per-rank
+    `sampler` and `extra` then come back as None. Training whose every random draw is a function
+    of (step, rank), or of the global item, loses nothing by that; a resumed run then differs from
+    an uninterrupted one only by the float rounding of sums split another way.
+    """
     seed = (1_000_003 * step + rank) % 2 ** 31
     random.seed(seed)
     torch.manual_seed(seed)  # the CUDA generators too
@@ -125,39 +103,25 @@ def reseed(step, rank):
         pass
 
 
-def _atomic_write(data, path):
-    """Bytes to a temporary name, flushed to disk, then renamed into place."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _atomic_save(obj, path):
-    """torch.save, written atomically. Returns the file's checksum entry {sha256, bytes}."""
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    data = buffer.getvalue()
-    _atomic_write(data, path)
-    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-
-
-def _atomic_write_text(text, path):
-    """Write text to path atomically (a temporary file renamed over it)."""
-    _atomic_write(text.encode(), path)
-
-
-def step_dir(ckpt_dir, step):
-    """The folder of step `step`'s checkpoint in ckpt_dir: step-00000042."""
-    return os.path.join(ckpt_dir, f"step-{step:08d}")
-
-
 # ---- what is shared, whole: the plug-in points for sharded models and optimizers -----------
 
 def full_model_state(model):
-    """The model's whole state_dict (every rank calls this: gathering shards is collective)."""
+    """The model's whole state_dict (every rank calls this: gathering shards is collective).
+
+    What is shared is saved whole, in the layout of one process: the model's full state_dict and
+    the optimizer's plain state_dict (a ZeRO-1 optimizer's shards consolidated on rank 0 first,
+    torch's consolidate_state_dict(to=0) idiom). So any world size can load it: every rank reads
+    the whole file and keeps what it needs (ShardedOptimizer.load_state_dict keeps its shard).
+    The data position is saved as `items`, the number of global items consumed: with the global
+    batch fixed, each rank re-derives its share of the next batch at the new world size.
+
+    FullyShardedDataParallel: each rank holds pieces of the weights and of the optimizer state (the
+    momentum, Adam's moments), so both go in and out full (dist_sgd.shard.fsdp_io: the pieces
+    gathered on the way out, each rank's cut again on the way in), as torch's
+    get_state_dict / set_state_dict with full_state_dict=True: the same file as the plain model's,
+    loadable at any world size. `full_model_state` / `full_optimizer_state` and their loaders are
+    where another sharded model would plug in.
+    """
     return _unwrap(model).state_dict()
 
 
@@ -229,72 +193,9 @@ def save_checkpoint(ckpt_dir, step, model, optimizer=None, items=None, sampler_s
     # ---- end of exercise
 
 
-def _remove_old(ckpt_dir, keep):
-    """Delete all but the newest `keep` step folders (never the one `latest` names);
-    keep=0 or None keeps all."""
-    steps = sorted(d for d in os.listdir(ckpt_dir) if d.startswith("step-"))
-    latest = latest_checkpoint(ckpt_dir)
-    for name in steps[:-keep] if keep else []:
-        if os.path.join(ckpt_dir, name) != latest:
-            shutil.rmtree(os.path.join(ckpt_dir, name), ignore_errors=True)
-
-
-def latest_checkpoint(ckpt_dir):
-    """The folder `latest` names, or None when nothing was completely written yet."""
-    try:
-        with open(os.path.join(ckpt_dir, LATEST)) as f:
-            name = f.read().strip()
-    except FileNotFoundError:
-        return None
-    return os.path.join(ckpt_dir, name)
-
-
-def _digest(listed):
-    return hashlib.sha256(json.dumps(listed, sort_keys=True).encode()).hexdigest()
-
-
-def _write_checksums(folder, listed):
-    """{file name: {sha256, bytes}}, with a sha256 of its own: a changed byte in it shows too."""
-    text = json.dumps({"files": listed, "sha256": _digest(listed)}, indent=1, sort_keys=True)
-    _atomic_write(text.encode(), os.path.join(folder, CHECKSUMS))
-
-
-def _checksums(folder):
-    """The {file name: sha256} the checkpoint in folder lists, its own digest checked (a
-    ValueError when it is missing or damaged)."""
-    path = os.path.join(folder, CHECKSUMS)
-    try:
-        with open(path, "rb") as f:
-            content = json.loads(f.read().decode())
-        if _digest(content["files"]) != content["sha256"]:
-            raise ValueError("its own sha256 does not match what it lists")
-        return content["files"]
-    except FileNotFoundError:
-        raise ValueError(f"checkpoint {folder} has no {CHECKSUMS}: it was not written "
-                         "completely (or by an older save_checkpoint): nothing in it can be "
-                         "verified") from None
-    except Exception as e:  # noqa: BLE001 - not JSON, not the layout: damaged either way
-        raise ValueError(f"checkpoint file {path} is damaged: {type(e).__name__}: "
-                         f"{str(e)[:200]}") from e
-
-
 def _read(path, listed):
     """The object in a checkpoint file, once its bytes are the ones save_checkpoint wrote."""
-    name = os.path.basename(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ValueError(f"checkpoint file {path} is missing or unreadable: {e}") from e
-    want = listed.get(name)
-    if want is None:
-        raise ValueError(f"checkpoint file {path} is damaged: {CHECKSUMS} does not list it")
-    if len(data) != want["bytes"]:
-        raise ValueError(f"checkpoint file {path} is damaged: {len(data)} bytes, "
-                         f"{want['bytes']} were written (truncated, or grown)")
-    if hashlib.sha256(data).hexdigest() != want["sha256"]:
-        raise ValueError(f"checkpoint file {path} is damaged: its sha256 is not the one written "
-                         f"with it in {CHECKSUMS} (a changed byte, in the one or the other)")
+    data = _verified(path, listed)
     try:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001 - the bytes as written, yet not a checkpoint
@@ -358,7 +259,17 @@ def _check_optimizer(model, optimizer, shared, folder):
 
 def _refusal(error):
     """None when no rank found an error, else the one message every rank raises (a collective
-    when a group exists: one rank's refusal is every rank's)."""
+    when a group exists: one rank's refusal is every rank's).
+
+    A checkpoint that does not fit is refused before anything changes, with the reason: a model
+    with other parameter names or shapes, an optimizer of another kind or size, a damaged file
+    (named). Damaged: torch.load checks no checksum (a flipped byte in a tensor loads as a wrong
+    weight), so every file is read whole and its sha256 and size compared with checksums.json
+    first. Each rank checks what it reads (the shared file, its own), then the ranks compare: one
+    rank's refusal is every rank's, before any rank loads anything. As a last guard, a load that
+    fails half-way (an optimizer raising on the saved state) on any rank puts every rank's model
+    and optimizer back.
+    """
     rank, world_size = world()
     if not dist.is_initialized() or world_size == 1:
         return error

@@ -12,24 +12,8 @@ The training script must print `world size W: resumed from step S ... (reload T 
 starts from a checkpoint, `step N at world size W` at each checkpoint, and write the step it
 reached into FOLDER/progress (dist_sgd.faults.chaos.write_step): that is what is watched.
 
-torchrun's elastic mode: `--nnodes MIN:MAX` and a c10d rendezvous, a key-value store that the
-node whose address is the --rdzv-endpoint hosts inside its torchrun agent. A node that joins
-while the job runs waits; the running agents see it (num_nodes_waiting) and restart their
-workers to meet again with it; torch 2.14.1 does not count that as a restart. A node that
-vanishes makes its peers' next collective fail (after their timeout, when nothing told them);
-their workers fail, which does count against --max-restarts, and the agents meet again
-without it once its heartbeats have stopped for keep_alive_interval x keep_alive_max_attempt.
-RDZV_CONF shortens torch's defaults (DEFAULTS) so that a lesson's run takes seconds, not
-minutes; real jobs keep longer values, which tolerate slow machines.
-
-The store's host is the weak point: when the node that hosts the c10d store vanishes, every
-other agent loses the rendezvous. Measured on the emulated nodes (a vanished host sends no
-reset, so a TCP request to it never returns): the workers fail at their next collective, but
-the agents stay blocked in DynamicRendezvousHandler.num_nodes_waiting, a store request to the
-lost host, so the job neither goes on nor ends until something stops it. The remedy is a store
-that outlives any training node: `python -m dist_sgd.faults.elastic --store PORT` hosts one on
-a machine of its own (what an etcd server, or torchrun's `--rdzv-backend etcd-v2`, gives a real
-cluster), and every node's --rdzv-endpoint names it.
+How torchrun's elastic mode meets, restarts and fails, and why the store belongs on a machine
+of its own: torchrun_elastic()'s docstring.
 """
 import argparse
 import datetime
@@ -52,7 +36,27 @@ ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
 
 def torchrun_elastic(script_args, endpoint, nnodes="2:3", max_restarts=3, conf=None,
                      run_id="elastic"):
-    """The command every node runs: one worker per node, elastic between nnodes' bounds."""
+    """The command every node runs: one worker per node, elastic between nnodes' bounds.
+
+    torchrun's elastic mode: `--nnodes MIN:MAX` and a c10d rendezvous, a key-value store that the
+    node whose address is the --rdzv-endpoint hosts inside its torchrun agent. A node that joins
+    while the job runs waits; the running agents see it (num_nodes_waiting) and restart their
+    workers to meet again with it; torch 2.14.1 does not count that as a restart. A node that
+    vanishes makes its peers' next collective fail (after their timeout, when nothing told them);
+    their workers fail, which does count against --max-restarts, and the agents meet again
+    without it once its heartbeats have stopped for keep_alive_interval x keep_alive_max_attempt.
+    RDZV_CONF shortens torch's defaults (DEFAULTS) so that a lesson's run takes seconds, not
+    minutes; real jobs keep longer values, which tolerate slow machines.
+
+    The store's host is the weak point: when the node that hosts the c10d store vanishes, every
+    other agent loses the rendezvous. Measured on the emulated nodes (a vanished host sends no
+    reset, so a TCP request to it never returns): the workers fail at their next collective, but
+    the agents stay blocked in DynamicRendezvousHandler.num_nodes_waiting, a store request to the
+    lost host, so the job neither goes on nor ends until something stops it. The remedy is a store
+    that outlives any training node: `python -m dist_sgd.faults.elastic --store PORT` hosts one on
+    a machine of its own (what an etcd server, or torchrun's `--rdzv-backend etcd-v2`, gives a real
+    cluster), and every node's --rdzv-endpoint names it.
+    """
     conf = {**RDZV_CONF, **(conf or {})}
     return (["env"] + [f"{k}={v}" for k, v in ENV.items()] +
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", nnodes,

@@ -14,15 +14,8 @@ starts everyone again and recomputes the steps since the last checkpoint. Here i
    weights, optimizer state and step to all others: the replacement catches up from a peer.
    Training goes on from there; at most the step that failed is done again.
 
-    results, events = run_with_peer_recovery(run, world_size=3, args=(...), kill=(1, 40))
-    def run(rank, world_size, *args):  # as launch() calls it
-        group = current_group()        # this rank's PeerGroup
-        ...; state = group.sync(state)  # after joining: take the newest state from a peer
-        while step < steps:
-            try: one_step(); group.progress(step)
-            except group.FAILURES as e: state = group.recover(state, e)  # re-form, sync
-
-Only gloo on one machine here; the same shape works across nodes with a shared store.
+How a training function takes part: run_with_peer_recovery's docstring. Only gloo on one
+machine here; the same shape works across nodes with a shared store.
 """
 import datetime
 import os
@@ -134,7 +127,16 @@ def run_with_peer_recovery(fn, world_size, args=(), kill=None, max_replacements=
     fail it at once; this bounds the rare wait when they do not). Returns (results by rank,
     events): events holds the times of each kill, replacement and resume, for measuring
     recovery. The ranks are launch()'s (dist_sgd.plumbing.launch.Ranks): started, watched and
-    blamed the same way; what differs is the policy: a rank that dies is started again."""
+    blamed the same way; what differs is the policy: a rank that dies is started again.
+
+    results, events = run_with_peer_recovery(run, world_size=3, args=(...), kill=(1, 40))
+    def run(rank, world_size, *args):  # as launch() calls it
+        group = current_group()        # this rank's PeerGroup
+        ...; state = group.sync(state)  # after joining: take the newest state from a peer
+        while step < steps:
+            try: one_step(); group.progress(step)
+            except group.FAILURES as e: state = group.recover(state, e)  # re-form, sync
+    """
     port = free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout))

@@ -12,25 +12,8 @@ stopped and counted as hung. The trigger: in every restarted attempt, the last r
 the training script itself is the plain one. Without --script the script is this file: a
 resumable sum over steps that uses torch.distributed alone (init_process_group with env://).
 
-The cause. torchrun's agent hosts the store its workers meet in (MASTER_ADDR:MASTER_PORT,
-TORCHELASTIC_USE_AGENT_STORE=True) and, since torch 2.4 shares one store across the whole job,
-keeps it when it restarts the workers. init_process_group(env://) uses that store without a
-per-attempt prefix, and gloo's rendezvous writes each rank's listening address under a fixed
-key ("0//cpu//0/<rank>") and reads its peers'. After a restart those keys still hold the dead
-attempt's addresses until each new rank overwrites its own. Of two ranks, one connects and the
-other listens (decided by address order); when the connecting rank reads the other's key
-before that rank, started late, has rewritten it, it connects to a dead address: nothing
-listens there (refused; gloo retries and fails after seconds, using up a restart) or another
-socket reuses the port (the handshake never completes: the hang). 2.14.1's rendezvous reuses
-its store server while it lives (how torch came to this: lesson 14's docstring).
-
-The work-around, applied on every torchrun path the lessons use:
-TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment (torch's own switch). Every
-rendezvous round then gets a fresh store (rank 0's worker hosts it on a new port), so no key of
-a dead attempt exists; it works for a plain script and across nodes, where restart counts differ
-between nodes (a node that joins late starts at 0) and a per-attempt key prefix would not agree.
-dist_sgd's launch() is immune without it too (its keys carry the attempt under the shared
-store), on one node.
+Why the restarted attempt hangs (gloo's keys of a dead attempt in torchrun's shared store) and
+the work-around, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torchrun()'s docstring.
 """
 import argparse
 import datetime
@@ -80,7 +63,28 @@ def plain_worker(ckpt_dir, steps=STEPS, every=EVERY):
 
 
 def torchrun(script_args, ckpt_dir, restarts=1, late=0.0, share_store=False, env=None):
-    """The command line and environment of one run (the late start wrapped around the script)."""
+    """The command line and environment of one run (the late start wrapped around the script).
+
+    The cause. torchrun's agent hosts the store its workers meet in (MASTER_ADDR:MASTER_PORT,
+    TORCHELASTIC_USE_AGENT_STORE=True) and, since torch 2.4 shares one store across the whole job,
+    keeps it when it restarts the workers. init_process_group(env://) uses that store without a
+    per-attempt prefix, and gloo's rendezvous writes each rank's listening address under a fixed
+    key ("0//cpu//0/<rank>") and reads its peers'. After a restart those keys still hold the dead
+    attempt's addresses until each new rank overwrites its own. Of two ranks, one connects and the
+    other listens (decided by address order); when the connecting rank reads the other's key
+    before that rank, started late, has rewritten it, it connects to a dead address: nothing
+    listens there (refused; gloo retries and fails after seconds, using up a restart) or another
+    socket reuses the port (the handshake never completes: the hang). 2.14.1's rendezvous reuses
+    its store server while it lives (how torch came to this: lesson 14's docstring).
+
+    The work-around, applied on every torchrun path the lessons use:
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment (torch's own switch). Every
+    rendezvous round then gets a fresh store (rank 0's worker hosts it on a new port), so no key of
+    a dead attempt exists; it works for a plain script and across nodes, where restart counts differ
+    between nodes (a node that joins late starts at 0) and a per-attempt key prefix would not agree.
+    dist_sgd's launch() is immune without it too (its keys carry the attempt under the shared
+    store), on one node.
+    """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "--max-restarts", str(restarts), "--no-python", "sh", "-c", LATE_START, sys.executable,
            *script_args, "--checkpoint-dir", ckpt_dir]

@@ -13,12 +13,7 @@ of the paper, per tensor, with momentum m and the global rate lr:
     v <- m v + lr x trust x (g + weight_decay x w)
     w <- w - v
 
-Tensors with one dimension (biases, BatchNorm's weights) take no trust ratio and no weight
-decay, as is usual (their norms say little and decaying them only hurts): v <- m v + lr x g.
-Unlike torch's SGD, the velocity carries the learning rate: when lr changes (warmup, decay),
-old velocity keeps the old rate, which is what the paper (and Goyal's momentum correction
-discussion) describe. torch has no LARS; this one takes torch's optimizer interface
-(param groups, state_dict, a closure).
+Biases and norms, and the velocity that carries the learning rate: LARS's docstring.
 """
 import torch
 
@@ -26,6 +21,13 @@ from dist_sgd.plumbing.mine import swap_in
 
 
 class LARS(torch.optim.Optimizer):
+    """Tensors with one dimension (biases, BatchNorm's weights) take no trust ratio and no weight
+    decay, as is usual (their norms say little and decaying them only hurts): v <- m v + lr x g.
+    Unlike torch's SGD, the velocity carries the learning rate: when lr changes (warmup, decay),
+    old velocity keeps the old rate, which is what the paper (and Goyal's momentum correction
+    discussion) describe. torch has no LARS; this one takes torch's optimizer interface
+    (param groups, state_dict, a closure).
+    """
     def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, trust_coefficient=0.001,
                  eps=1e-8):
         for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay),

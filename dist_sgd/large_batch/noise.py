@@ -16,11 +16,7 @@ One batch size cannot separate the two terms; two can (their Appendix A). With |
     |G|^2     ~  (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
     tr(Sigma) ~  (|G_small|^2 - |G_big|^2) / (1 / B_small - 1 / B_big)
 
-Both are unbiased, but each is noisy (the first can come out negative): keep a moving average
-of each and divide the averages, never average the ratios. In data-parallel training each rank
-has its local gradient (B_small = the per-rank batch b) before the all-reduce and the average
-(B_big = k b) after it: two batch sizes of the same gradient, at no extra cost. The local
-|G_small|^2 is best averaged over the ranks too (one more scalar in the all-reduce).
+Why moving averages, and where both batch sizes come for free: NoiseScale's docstring.
 """
 from dist_sgd.plumbing.mine import swap_in
 
@@ -40,7 +36,14 @@ def two_batch_estimates(small_sq, big_sq, b_small, b_big):
 
 class NoiseScale:
     """B_simple over training: update() with each step's two squared norms; moving averages
-    (weight `decay` on the past) of |G|^2 and tr(Sigma), then their ratio."""
+    (weight `decay` on the past) of |G|^2 and tr(Sigma), then their ratio.
+
+    Both are unbiased, but each is noisy (the first can come out negative): keep a moving average
+    of each and divide the averages, never average the ratios. In data-parallel training each rank
+    has its local gradient (B_small = the per-rank batch b) before the all-reduce and the average
+    (B_big = k b) after it: two batch sizes of the same gradient, at no extra cost. The local
+    |G_small|^2 is best averaged over the ranks too (one more scalar in the all-reduce).
+    """
 
     def __init__(self, decay=0.95):
         if not 0 <= decay < 1:

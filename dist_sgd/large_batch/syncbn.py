@@ -10,19 +10,8 @@ statistics are too noisy, and one wants those of the global batch. Per channel c
     backward: all-reduce (sum dy, sum dy xhat) -> the input gradient's two global means:
               dx = weight / sqrt(var + eps) x (dy - mean(dy) - xhat mean(dy xhat))
 
-Sums and sums of squares add up across ranks, means and variances do not (averaging the ranks'
-variances forgets how far their means lie apart, and averaging their means is wrong when local
-batches differ in size). Both terms of the input gradient depend on every rank's items, so
-backward needs its own all-reduce. weight.grad and bias.grad stay local: DDP averages them with
-the other gradients. Running statistics use the global batch's unbiased variance, as BatchNorm
-on the global batch would.
-
-torch.nn.SyncBatchNorm refuses CPU tensors ("expected input tensor to be on GPU"): this one
-is what a CPU (gloo) user can run. Same arguments, and `SyncBatchNorm.convert_sync_batchnorm
-(module)` swaps every BatchNorm of a model for it, as torch's does. Outside a process group, in
-eval mode or at world size 1 it is plain BatchNorm, as torch's is. Equal to BatchNorm on the
-global batch in one process (outputs, gradients, running statistics, uneven local batches) and
-to torch's SyncBatchNorm on a GPU: tests/test_large_batch.py and tests/test_gpu.py.
+Why sums and not means, what stays local, and how it stands beside torch's (which refuses
+CPU tensors): SyncBatchNorm's docstring.
 """
 import torch
 import torch.distributed as dist
@@ -90,7 +79,22 @@ class _SyncBatchNormFunction(torch.autograd.Function):
 
 
 class SyncBatchNorm(_BatchNorm):
-    """torch.nn.SyncBatchNorm's arguments (process_group: the default group only)."""
+    """torch.nn.SyncBatchNorm's arguments (process_group: the default group only).
+
+    Sums and sums of squares add up across ranks, means and variances do not (averaging the ranks'
+    variances forgets how far their means lie apart, and averaging their means is wrong when local
+    batches differ in size). Both terms of the input gradient depend on every rank's items, so
+    backward needs its own all-reduce. weight.grad and bias.grad stay local: DDP averages them with
+    the other gradients. Running statistics use the global batch's unbiased variance, as BatchNorm
+    on the global batch would.
+
+    torch.nn.SyncBatchNorm refuses CPU tensors ("expected input tensor to be on GPU"): this one
+    is what a CPU (gloo) user can run. Same arguments, and `SyncBatchNorm.convert_sync_batchnorm
+    (module)` swaps every BatchNorm of a model for it, as torch's does. Outside a process group, in
+    eval mode or at world size 1 it is plain BatchNorm, as torch's is. Equal to BatchNorm on the
+    global batch in one process (outputs, gradients, running statistics, uneven local batches) and
+    to torch's SyncBatchNorm on a GPU: tests/test_large_batch.py and tests/test_gpu.py.
+    """
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, process_group=None, device=None, dtype=None):

@@ -8,33 +8,19 @@ torch.distributed.pipelining's interface, so code written for it runs on ours:
     out = schedule.step(target=y, losses=losses)          # last stage: the targets, the losses
     schedule.step()                                       # every stage in between
 
-step() cuts the batch into n_microbatches equal micro-batches, runs them through the stages
-in the schedule's order (forward: activations to the next stage; backward: their gradients
-back), and divides the gradients by n_microbatches once at the end (torch's scale_grads=True:
-loss_fn averages over a micro-batch, so the result is the whole batch's mean gradient).
-The loss exists on the last stage only; the others get None from step() and nothing in losses.
-
-    GPipe   every micro-batch forward, then every one backward: holds m micro-batches
-    1F1B    p - 1 - s forwards on stage s, then one forward one backward, then the rest
-            backward: the same bubble, (p - 1) / (m + p - 1) of the time, but at most p
-            micro-batches held (torch refuses fewer micro-batches than stages; so do we)
-
-Each step leaves `schedule.trace`: one dict per forward and backward of this stage,
-{"stage", "kind", "mb", "start", "end"} in seconds from the step's start (every stage
-starts together, after the step's checks), `schedule.peak_held` (micro-batches whose
-activations were held at once) and `schedule.peak_bytes` (the bytes autograd saved for them,
-parameters left out). How ours differs from torch's: one tensor in and out of each stage;
-a batch that n_microbatches does not divide, a stage without parameters and missing inputs
-or targets are refused on every stage before anything is sent (torch splits unevenly, and a
-missing target fails on the last stage only). Messages go to global ranks over the default
-group; group= chooses the ranks the stages are (a pipeline inside a 2-D mesh).
+step() is a plain loop over the schedule's order (`gpipe`, `one_f_one_b`: lists of ("F", i)
+and ("B", i)), then divides the gradients by n_microbatches once (torch's scale_grads); the
+loss exists on the last stage only. Each step is metered beside the loop (pipeline_meter.py):
+`schedule.trace`, `peak_held`, `peak_bytes`. Unlike torch's: one tensor in and out of each
+stage; a batch n_microbatches does not divide, a stage without parameters, missing inputs or
+targets are refused on every stage before anything is sent. group= chooses the ranks the
+stages are (a pipeline inside a 2-D mesh).
 """
-import time
-
 import torch
 import torch.distributed as dist
 
 from dist_sgd.comm.collectives import all_gather
+from dist_sgd.parallel.pipeline_meter import Meter
 from dist_sgd.plumbing.mine import swap_in
 from dist_sgd.plumbing.rank import world
 
@@ -126,7 +112,7 @@ class _Schedule:
         if not isinstance(n_microbatches, int) or n_microbatches < 1:
             raise ValueError(f"n_microbatches must be a positive int, got {n_microbatches!r}")
         self.stage, self.m, self.loss_fn, self.scale = stage, n_microbatches, loss_fn, scale_grads
-        self.trace, self.peak_held, self.peak_bytes = [], 0, 0
+        self.meter = Meter(stage.stage_index, ())  # replaced at each step
 
     def _check(self, args, target):
         """What is wrong here, as a code every stage sees (one all-gather): then every stage
@@ -158,40 +144,18 @@ class _Schedule:
         batch = self._check(args, target)
         xs = batch.chunk(self.m) if s.is_first else [None] * self.m
         ys = target.chunk(self.m) if s.is_last else [None] * self.m
-        inputs, outputs, outs, saved, pending = {}, {}, [], {}, []
-        self.trace, self.peak_held, self.peak_bytes = [], 0, 0
-        params = {p.untyped_storage().data_ptr() for p in s.submod.parameters()}
-        t0 = time.perf_counter()
+        self.meter = Meter(s.stage_index, s.submod.parameters())
+        inputs, outputs, outs, pending = {}, {}, [], []
         for kind, i in self.order(s.stage_index, s.num_stages, self.m):
             if kind == "F":
-                x = xs[i] if s.is_first else self._recv_activation(i == 0)
-                inputs[i], saved[i] = x, 0
-
-                def pack(t, i=i):
-                    if t.untyped_storage().data_ptr() not in params:
-                        saved[i] += t.numel() * t.element_size()
-                    return t
-                start = time.perf_counter()
-                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                    y = s.submod(x)
-                if s.is_last:
-                    loss = self.loss(self.loss_fn, y, ys[i], self.m)
-                    outs.append(y.detach())
-                    if losses is not None:
-                        losses.append(loss.detach())
-                    y = loss
-                outputs[i] = y
-                self._note("forward", i, start, t0)
+                inputs[i] = xs[i] if s.is_first else self._recv_activation(i == 0)
+                outputs[i] = self._forward(i, inputs[i], ys[i], outs, losses)
                 if not s.is_last:
-                    pending += self._send_activation(y.detach(), i == 0)
-                self.peak_held = max(self.peak_held, len(outputs))
-                self.peak_bytes = max(self.peak_bytes, sum(saved.values()))
+                    pending += self._send_activation(outputs[i].detach(), i == 0)
             else:
                 grad = None if s.is_last else s.recv(torch.empty_like(outputs[i]), +1)
-                start = time.perf_counter()
-                torch.autograd.backward(outputs.pop(i), grad)
-                self._note("backward", i, start, t0)
-                x, _ = inputs.pop(i), saved.pop(i)
+                self.meter.backward(i, lambda: torch.autograd.backward(outputs.pop(i), grad))
+                x = inputs.pop(i)
                 if not s.is_first:
                     pending.append(s.send(x.grad, -1))
         for work in pending:  # every send done before the buffers go
@@ -202,9 +166,20 @@ class _Schedule:
                     p.grad.div_(self.m)
         return torch.cat(outs) if s.is_last else None
 
-    def _note(self, kind, i, start, t0):
-        self.trace.append({"stage": self.stage.stage_index, "kind": kind, "mb": i,
-                           "start": start - t0, "end": time.perf_counter() - t0})
+    def _forward(self, i, x, y, outs, losses):
+        """Micro-batch i through this stage, metered; on the last stage, its loss."""
+        def last(out):
+            loss = self.loss(self.loss_fn, out, y, self.m)
+            outs.append(out.detach())
+            if losses is not None:
+                losses.append(loss.detach())
+            return loss
+        return self.meter.forward(i, self.stage.submod, x, last if self.stage.is_last else None)
+
+    # what the last step did: its trace, the micro-batches and bytes held at the peak
+    trace = property(lambda self: self.meter.trace)
+    peak_held = property(lambda self: self.meter.peak_held)
+    peak_bytes = property(lambda self: self.meter.peak_bytes)
 
     def _send_activation(self, y, first):
         """The activation to the next stage; before the step's first, a header (its dtype

@@ -4,7 +4,6 @@ Sending one message of n bytes costs  alpha + n * beta:
     alpha   latency per message (seconds): software overhead, the network's round trip
     beta    seconds per byte = 1 / bandwidth
     gamma   seconds per byte to *reduce* (add) received data into our own: compute, not wire
-(Hockney 1994; Thakur, Rabenseifner & Gropp 2005 for the collectives below.)
 
 Every all-reduce algorithm here costs  a * alpha + n * (b * beta + c * gamma)  for
 coefficients (a, b, c) that depend only on the algorithm and the world size p:
@@ -17,50 +16,14 @@ coefficients (a, b, c) that depend only on the algorithm and the world size p:
     halving_doubling   2 log2 p'  (+2)      2(p'-1)/p'  (+2)            (p'-1)/p'  (+1)
     parameter_server   2p                   2p                          p
 
-  naive: everybody sends the whole tensor to rank 0, which adds them up one after the other
-    and sends the sum back to everybody, one at a time: the root's link carries 2(p-1) n bytes.
-  tree: a binomial-tree reduce then a binomial-tree broadcast, ceil(log2 p) rounds each, every
-    round moving the whole tensor.
-  ring: reduce-scatter then all-gather around a ring, 2(p-1) steps each moving n/p bytes. The
-    bytes term 2(p-1)/p n is the least any all-reduce can move, but there are 2(p-1) latencies.
-  ring_pipelined: the same ring, each chunk cut into segments so that adding one segment
-    overlaps sending the next. Same bytes and steps on paper; the model has no term for the
-    overlap (nor for the extra per-segment messages), so it predicts the ring's time.
-  halving_doubling (Rabenseifner): recursive-halving reduce-scatter then recursive-doubling
-    all-gather among p' = the largest power of two <= p; ring's bandwidth with log2 p'
-    latencies. When p is not a power of two, the r = p - p' extra ranks first hand their
-    whole tensor to a partner and get the result back at the end: the (+2) and (+1) terms.
-  parameter_server: p workers and one separate server that receives every gradient, adds them
-    up and sends the result to every worker: the server's link carries 2 p n bytes.
-
-With p = 1 there is nobody to talk to: every algorithm costs 0.
-
-Rendezvous (`acks`): a send returns once the kernel holds its bytes, so the tree's broadcast and
-halving-doubling's exchanges follow every message of RENDEZVOUS_BYTES or more with the
-receiver's 4-byte ack before the sender's next message (dist_sgd.comm.wire). Each ack on the
-critical path costs a latency: log2 p of them for the tree, two per halving-doubling round
-whose message is that big. The table above is the textbook's, without them.
-
-Coefficients assume full-duplex links (a send and a receive at the same time cost one
-message) and that steps of different ranks run concurrently. `fit_alpha_beta` turns measured
-(bytes, seconds) into alpha and beta (`fit_shaped_link`: the same on a tbf-shaped emulated
-link); `predict_all_reduce` turns them into a time.
-
-The machine's share (`cpu=`): on a cluster every rank has its cores and the link is what a
-step waits for. When p ranks share c < p cores (emulated nodes on one machine), a step of the
-algorithm also needs every rank's CPU work for its message: kappa seconds per message (the
-Python step, gloo, the kernel's TCP, the shaper, waking up) plus per_byte seconds per byte,
-and the p ranks take turns, c at a time. So each step on the critical path (`steps`) costs
-
-    max(alpha + m * beta,  max(1, p / c) * (kappa + m * per_byte))      for its m bytes
-
-(the link and the CPU work overlap: whichever is longer). kappa and per_byte are measured on
-their own (`fit_cpu`: the CPU seconds a two-rank exchange burns per message), never fitted to
-an all-reduce; with p <= c, or with no `cpu`, the model is the link alone.
+Each row, the acks, the fits and the CPU share (cpu=): coefficients(), acks(), predict_all_reduce().
 """
 import math
 
 import numpy as np
+
+# what splitting the model costs (lessons 19-20), here too where lessons and tests import it
+from dist_sgd.scale.parallel_cost import STRATEGIES, parallel_bytes, parallel_state_bytes  # noqa: F401
 
 ALGORITHMS = ("naive", "tree", "ring", "ring_pipelined", "halving_doubling", "parameter_server")
 RENDEZVOUS_BYTES = 64 * 1024  # dist_sgd.comm.wire's (the model imports no torch; a test checks)
@@ -100,7 +63,14 @@ def steps(algorithm, world_size):
 def acks(algorithm, world_size):
     """The rendezvous acks on the critical path: ((count, fraction), ...), `count` acks each
     after a message of `fraction` * n bytes, sent when that message is RENDEZVOUS_BYTES or
-    more. tree: one per broadcast round; halving-doubling: one per exchange (steps' halves)."""
+    more. tree: one per broadcast round; halving-doubling: one per exchange (steps' halves).
+
+    Rendezvous (`acks`): a send returns once the kernel holds its bytes, so the tree's broadcast and
+    halving-doubling's exchanges follow every message of RENDEZVOUS_BYTES or more with the
+    receiver's 4-byte ack before the sender's next message (dist_sgd.comm.wire). Each ack on the
+    critical path costs a latency: log2 p of them for the tree, two per halving-doubling round
+    whose message is that big. The table above is the textbook's, without them.
+    """
     path = steps(algorithm, world_size)
     if algorithm == "tree" and path:
         return ((path[0][0] // 2, 1.0),)
@@ -118,7 +88,31 @@ def _acks_sent(algorithm, world_size, nbytes):
 def coefficients(algorithm, world_size):
     """(a, b, c): the all-reduce costs a*alpha + n*(b*beta + c*gamma) seconds for n bytes.
     a and b add up `steps`; c, the bytes added, is half of b for each of them: half of the
-    messages on the path carry partial sums to add, the other half the finished result."""
+    messages on the path carry partial sums to add, the other half the finished result.
+
+    (Hockney 1994; Thakur, Rabenseifner & Gropp 2005 for the collectives below.)
+      naive: everybody sends the whole tensor to rank 0, which adds them up one after the other
+        and sends the sum back to everybody, one at a time: the root's link carries 2(p-1) n bytes.
+      tree: a binomial-tree reduce then a binomial-tree broadcast, ceil(log2 p) rounds each, every
+        round moving the whole tensor.
+      ring: reduce-scatter then all-gather around a ring, 2(p-1) steps each moving n/p bytes. The
+        bytes term 2(p-1)/p n is the least any all-reduce can move, but there are 2(p-1) latencies.
+      ring_pipelined: the same ring, each chunk cut into segments so that adding one segment
+        overlaps sending the next. Same bytes and steps on paper; the model has no term for the
+        overlap (nor for the extra per-segment messages), so it predicts the ring's time.
+      halving_doubling (Rabenseifner): recursive-halving reduce-scatter then recursive-doubling
+        all-gather among p' = the largest power of two <= p; ring's bandwidth with log2 p'
+        latencies. When p is not a power of two, the r = p - p' extra ranks first hand their
+        whole tensor to a partner and get the result back at the end: the (+2) and (+1) terms.
+      parameter_server: p workers and one separate server that receives every gradient, adds them
+        up and sends the result to every worker: the server's link carries 2 p n bytes.
+
+    With p = 1 there is nobody to talk to: every algorithm costs 0.
+    Coefficients assume full-duplex links (a send and a receive at the same time cost one
+    message) and that steps of different ranks run concurrently. `fit_alpha_beta` turns measured
+    (bytes, seconds) into alpha and beta (`fit_shaped_link`: the same on a tbf-shaped emulated
+    link); `predict_all_reduce` turns them into a time.
+    """
     path = steps(algorithm, world_size)
     a = float(sum(count for count, _ in path))
     b = float(sum(count * fraction for count, fraction in path))
@@ -138,6 +132,18 @@ def predict_all_reduce(algorithm, nbytes, world_size, alpha, beta, gamma=0.0, cp
 
     `nbytes` may be a number or an array (numpy broadcasting applies). cpu: None (the link
     alone) or (kappa, per_byte, cores), this machine's share (the module's docstring; fit_cpu).
+
+    The machine's share (`cpu=`): on a cluster every rank has its cores and the link is what a
+    step waits for. When p ranks share c < p cores (emulated nodes on one machine), a step of the
+    algorithm also needs every rank's CPU work for its message: kappa seconds per message (the
+    Python step, gloo, the kernel's TCP, the shaper, waking up) plus per_byte seconds per byte,
+    and the p ranks take turns, c at a time. So each step on the critical path (`steps`) costs
+
+        max(alpha + m * beta,  max(1, p / c) * (kappa + m * per_byte))      for its m bytes
+
+    (the link and the CPU work overlap: whichever is longer). kappa and per_byte are measured on
+    their own (`fit_cpu`: the CPU seconds a two-rank exchange burns per message), never fitted to
+    an all-reduce; with p <= c, or with no `cpu`, the model is the link alone.
     """
     a, b, c = coefficients(algorithm, world_size)
     for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
@@ -361,43 +367,3 @@ def human_bytes(n):
             value = n / size
             return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
     return f"{n:.0f} B"
-
-
-# ---- splitting the model instead of the data (lessons 19-20) -------------------------------
-STRATEGIES = ("data", "tensor", "pipeline")
-
-
-def parallel_bytes(strategy, params, layers, activation, world_size, elem=4, allreduces=4):
-    """Bytes one rank sends per training step, for a model of `layers` blocks holding `params`
-    parameters in all, whose activations between two blocks have `activation` elements for
-    the whole batch (batch x sequence x width), each `elem` bytes, split `world_size` ways:
-
-        data       a ring all-reduce of the gradients:           2(p-1)/p x params
-        tensor     `allreduces` per block (attention + MLP: 2 forward, 2 backward; an MLP
-                   alone: 1 and 1):                      allreduces x layers x 2(p-1)/p x act
-        pipeline   a stage's output forward, its input's gradient back (stages in between;
-                   the first and last send one of the two):      2 x act (at most)
-
-    Data parallelism's bytes grow with the model, tensor parallelism's with the batch and
-    the depth (and it talks inside every layer: it needs the fastest link), the pipeline's
-    only with the batch: the fewest bytes, paid for with the bubble.
-    """
-    _check_world_size(world_size)
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    p = world_size
-    if p == 1:
-        return 0.0
-    ring = 2 * (p - 1) / p
-    return elem * {"data": ring * params, "tensor": allreduces * layers * ring * activation,
-                   "pipeline": 2 * activation}[strategy]
-
-
-def parallel_state_bytes(strategy, params, world_size, per_param=16):
-    """Bytes of model state (parameters, gradients, optimizer state: per_param bytes each,
-    16 for float32 Adam) one rank holds: data parallelism keeps all of it everywhere, tensor
-    and pipeline parallelism 1/p each (the activations are the lesson's measurements)."""
-    _check_world_size(world_size)
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    return per_param * params / (1 if strategy == "data" else world_size)

@@ -12,13 +12,8 @@ with SUM, then divide by the world size. torch.distributed can do both in one ca
 too), but the tutorial writes the division out, and so do we: one code path, SUM then divide,
 for whichever all_reduce is passed in keeps torch's results and ours identical.
 
-Which parameters take part: those with requires_grad=True whose .grad is not None. Frozen
-parameters and parameters that got no gradient this step (unused in the forward pass) are
-skipped. Every rank must skip the same ones, because the all-reduces are matched up by
-order: if rank 0 skips a parameter that rank 1 reduces, their calls pair up with the wrong
-tensors (flat=False) or differ in size (flat=True) - an error or a hang, not a wrong number.
-Parameters shared by two modules (tied weights) appear once in model.parameters(), so their
-gradient, already the sum over both uses, is reduced once.
+Which parameters take part, and why every rank must skip the same ones: gradients_to_sync's
+docstring.
 """
 import zlib
 
@@ -44,6 +39,14 @@ def gradients_to_sync(model):
     """The .grad tensors average_gradients reduces, in model.parameters() order.
 
     `model` is an nn.Module or an iterable of parameters.
+
+    Which parameters take part: those with requires_grad=True whose .grad is not None. Frozen
+    parameters and parameters that got no gradient this step (unused in the forward pass) are
+    skipped. Every rank must skip the same ones, because the all-reduces are matched up by
+    order: if rank 0 skips a parameter that rank 1 reduces, their calls pair up with the wrong
+    tensors (flat=False) or differ in size (flat=True) - an error or a hang, not a wrong number.
+    Parameters shared by two modules (tied weights) appear once in model.parameters(), so their
+    gradient, already the sum over both uses, is reduced once.
     """
     params = model.parameters() if isinstance(model, nn.Module) else model
     grads = []

@@ -1,9 +1,8 @@
 """FullyShardedDataParallel from scratch: parameters, gradients and optimizer state sharded.
 
 DDP (lessons 07-09) keeps on every rank a full copy of the parameters, the gradients and the
-optimizer state; ZeRO-1 (lesson 13) shards only the state, so with float32 and Adam 8 of the
-16 bytes per parameter stay on every rank however many ranks there are. FSDP (ZeRO-3) keeps
-1/p of everything on each rank and builds a layer's full parameters only while it computes:
+optimizer state; ZeRO-1 (lesson 13) shards only the state. FSDP (ZeRO-3) keeps 1/p of
+everything on each rank and builds a layer's full parameters only while it computes:
 
     model = FullyShardedDataParallel(Net())     # each rank keeps 1/p of every weight
     opt = torch.optim.Adam(model.parameters())  # steps the shards: its state is 1/p too
@@ -11,123 +10,30 @@ optimizer state; ZeRO-1 (lesson 13) shards only the state, so with float32 and A
     loss.backward()                             # each unit: all-gather, gradient, reduce-scatter
     opt.step()
 
-1. Shard. Every parameter with two or more dimensions (Linear, Conv, Embedding weights) is
-   flattened, padded with zeros to a multiple of p and cut into p equal pieces: rank r's
-   Parameter *is* piece r (module.weight.shape becomes (ceil(n/p),)). One-dimensional ones
-   (biases, norm weights) stay whole on every rank and their gradients are all-reduced as in
-   DDP: sharding them saves a few bytes for a message each (CS336's rule). shard_all=True
-   shards them too, as torch's fully_shard does.
-2. Gather, compute, free. A unit (_Unit, torch's FSDPParamGroup) is a module and the sharded
-   parameters of its subtree that no unit inside it owns; it gathers, waits, frees and
-   reduce-scatters them, the wrapper orders when. By default every module owning parameters
-   is a unit; units=[m, ...] chooses them as torch's fully_shard calls do (the root is always
-   one: units=[] gathers everything for the whole forward, so the root may use a submodule's
-   weight itself). Before a unit runs, its full parameters are all-gathered; after, they are
-   freed (reshard_after_forward=True: ZeRO-3) or kept until its backward (False: ZeRO-2, one
-   gather fewer, all units at once).
-3. Reduce-scatter. The backward of an all-gather is a reduce-scatter: rank r needs only the
-   sum of everyone's gradient over its own piece. Each unit's gradient is reduce-scattered as
-   soon as autograd produces it, then divided by p (the mean over ranks, as in DDP).
-4. Prefetch. The next `prefetch` units' all-gathers start while the current unit computes,
-   in forward and in backward, so the wire works while the cores do; at most 1 + prefetch
-   units are gathered at once (CS336: gather a layer once the one two before it is done).
-   Backward starts with the units that finished forward last, and nothing computes yet to
-   hide their re-gathers behind: so under ZeRO-3 those stay gathered from their forward to
-   their backward (torch does so for its root), the last one and the `prefetch` before it,
-   as many as are gathered at once anyway: the peak stays 1 + prefetch units gathered.
-
-Bytes each rank sends per step, N = the parameters' bytes: DDP's all-reduce 2(p-1)/p N;
-ZeRO-3 gathers twice and reduces once, 3(p-1)/p N = 1.5x, less one gather of each unit kept
-(4 equal units, prefetch 1: 1.25x); ZeRO-2 1.0x (bytes_per_step() counts what the last step
-issued; the first step knows no order yet: no prefetch, nothing kept); memory() what a rank
-holds, tensor by tensor.
-compute_dtype=torch.float16 / bfloat16: the shards are cast
-before the all-gather (half the bytes) and the module computes in that dtype (the floating
-inputs of the root and of every unit are cast, as torch casts each fully_shard module's;
-outputs come out in it); shards, gradients (reduced in float32) and optimizer state stay
-float32. collectives="ours": dist_sgd.comm.collectives' all_gather / reduce_scatter /
-all_reduce (run on the one ordered helper thread of dist_sgd.comm.ordered), "torch": torch's;
-either through dist_sgd.comm.counted, which logs what is sent.
-
-As torch's: no_sync() keeps every gradient aside at full size, so opt.zero_grad() before the
-synchronized backward loses none; clip_grad_norm_() clips by the norm of the whole model (all
-ranks' pieces), as torch.nn.utils.clip_grad_norm_ on fully_shard's DTensor parameters does;
-activation checkpointing (torch.utils.checkpoint, use_reentrant=False) recomputes on the
-gathered weights; a parameter that gets no gradient (an output only logged) keeps its .grad
-(None after zero_grad). Every rank must leave out the same ones: collectives pair by order.
-
-Not supported, with a clear error: sparse gradients; wrapping twice; an optimizer built from
-the parameters of before the wrapping. Buffers (BatchNorm statistics) are not synchronized,
-as in torch's fully_shard. Checkpoints: state_dict() is the plain module's, gathered (see
-dist_sgd/shard/fsdp_io.py).
+This file is the wrapper: when each unit gathers, frees and reduce-scatters, prefetching, and
+torch's behaviours around them (no_sync, clip_grad_norm_, activation checkpointing,
+compute_dtype). One unit's pieces and collectives: fsdp_unit.py; what the wrapper refuses:
+fsdp_guards.py; full state_dicts in and out: fsdp_io.py. How it shards and prefetches, what it
+sends and holds: FullyShardedDataParallel's docstring.
 """
 import contextlib
 import math
-import weakref
 
 import torch
 import torch.nn as nn
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from dist_sgd.comm import collectives as ours
 from dist_sgd.comm.counted import Counted
 from dist_sgd.ddp.hooks import call_when_backward_ends
-from dist_sgd.plumbing.mine import swap_in
 from dist_sgd.plumbing.rank import world
 from dist_sgd.sgd.sync import broadcast_parameters
 from dist_sgd.shard import fsdp_io
+from dist_sgd.shard.fsdp_guards import _Elsewhere, check_module, retire
+# the unit's pieces, here too where tests and graders import them (dist_sgd.shard.fsdp._Unit)
+from dist_sgd.shard.fsdp_unit import _Gather, _Memory, _Shard, _Unit, itemsize, owners
 
 
-# ---- what the wrapper refuses, and the small tools it computes with ------------------------
-
-def check_module(module, prefetch, units):
-    """What the wrapper refuses, before it changes anything."""
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"FullyShardedDataParallel wraps an nn.Module, got {type(module)}")
-    if not list(module.parameters()):
-        raise ValueError("FullyShardedDataParallel: the module has no parameters: nothing to shard")
-    if getattr(module, "_fsdp_wrapped", False):
-        raise ValueError("this module is wrapped by FullyShardedDataParallel already (its "
-                         "parameters are pieces): wrap the plain module, once")
-    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-        raise ValueError(f"prefetch must be an integer >= 0, got {prefetch!r}")
-    inside = set(module.modules())
-    if units is not None and (isinstance(units, nn.Module) or not all(
-            isinstance(m, nn.Module) and m in inside for m in units)):
-        raise ValueError("units must be a list of submodules of the wrapped module (each one "
-                         "gathers its parameters as one unit), got "
-                         f"{type(units).__name__ if isinstance(units, nn.Module) else units!r}")
-    for name, m in module.named_modules():
-        if getattr(m, "sparse", False):
-            raise ValueError(f"{name or 'the module'} has sparse gradients (sparse=True): a sparse "
-                             "gradient cannot be reduce-scattered into a dense piece")
-
-
-_RETIRED = {}  # id -> weakref of each parameter a wrapper replaced by its shard
-_REFUSING = []  # the optimizer hook, once per process
-
-
-def retire(param):
-    """`param` was replaced by its shard: an optimizer that still holds it (built before the
-    wrapping) raises at step() instead of silently updating nothing."""
-    _RETIRED[id(param)] = weakref.ref(param)
-    if _REFUSING:
-        return
-
-    def check(optimizer, args, kwargs):
-        if any(id(p) in _RETIRED and _RETIRED[id(p)]() is p
-               for g in optimizer.param_groups for p in g["params"]):
-            raise RuntimeError("this optimizer holds parameters of the module as it was before "
-                               "FullyShardedDataParallel sharded it (they get no gradient): build "
-                               "the optimizer from model.parameters() after wrapping")
-
-    _REFUSING.append(register_optimizer_step_pre_hook(check))
-
-
-def itemsize(dtype):
-    """Bytes per element of dtype (4 for float32, 2 for bfloat16)."""
-    return torch.empty(0, dtype=dtype).element_size()
-
+# ---- small tools the wrapper computes with --------------------------------------------------
 
 def tensors(x):
     """The tensors in a module's output (a tensor, or lists, tuples, dicts of them)."""
@@ -158,218 +64,58 @@ def recomputing():
     return torch._C._current_graph_task_id() != -1
 
 
-class _Elsewhere(torch.Tensor):
-    """What a sharded weight reads as in forward outside its unit's: its dtype, device and
-    requires_grad are the piece's; anything computed with it raises, naming the weight."""
-
-    _SAFE = ("dtype", "device", "requires_grad", "is_leaf", "is_cuda", "grad_fn")
-
-    @staticmethod
-    def make(piece, message):
-        guard = piece.detach().as_subclass(_Elsewhere)
-        guard._dist_sgd_message = message
-        with torch._C.DisableTorchFunctionSubclass():
-            guard.requires_grad_(piece.requires_grad)
-        return guard
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        name = getattr(getattr(func, "__self__", None), "__name__", None) or \
-            getattr(func, "__name__", "")
-        if name in cls._SAFE or func is torch.Tensor.__repr__:
-            return super().__torch_function__(func, types, args, kwargs or {})
-        guard = next(a for a in (*args, *(kwargs or {}).values()) if isinstance(a, _Elsewhere))
-        raise ValueError(guard._dist_sgd_message)
-
-
-class _Memory:
-    """The bytes of the buffers held now (gathered units, gradients being reduced), and the
-    most held at once since the last reset."""
-
-    def __init__(self):
-        self.live = self.peak = 0
-
-    def count(self, nbytes):
-        self.live += nbytes
-        self.peak = max(self.peak, self.live)
-
-
-# ---- one parameter's piece, and one unit's gather, free and reduce-scatter ----------------
-
-class _Shard:
-    """One sharded parameter: this rank's piece (the Parameter the module now holds), and the
-    shape, numel and piece size ceil(n/p) that rebuild the whole."""
-
-    def __init__(self, param, rank, world_size):
-        self.shape, self.numel = param.shape, param.numel()
-        self.size = -(-self.numel // world_size)
-        piece = param.detach().reshape(-1)[rank * self.size:(rank + 1) * self.size]
-        data = param.new_zeros(self.size)  # the padding (on the last ranks) stays zero
-        data[:piece.numel()] = piece
-        self.param = nn.Parameter(data, requires_grad=param.requires_grad)
-        self.accumulated = None  # under no_sync: the full gradient, summed over backwards
-
-
-class _Unit:
-    """A module and the sharded parameters of its subtree that no unit inside it owns, as
-    torch's FSDPParamGroup: it gathers them, waits, frees them and reduce-scatters their
-    gradients; the wrapper decides when. The gathered full parameters live in storages that
-    are resized to 0 bytes when freed: tensors autograd saved come back when re-gathered.
-
-    state: "free" (storages of 0 bytes) -> gather(): "gathering" (self.works: the (handle,
-    piece) of each all-gather in flight) -> wait(): "gathered" -> free(): "free". Collectives
-    go through self.comm.start(name, *args) (counted, asynchronous: a handle with .wait()),
-    with torch's in-place signatures: start("all_gather", output_list, tensor),
-    start("reduce_scatter", output, input_list), start("all_reduce", tensor).
-    self.memory.count(+/- bytes) follows the buffers held; self.reducing: the (shard, out,
-    handle, flat) of each reduce-scatter in flight.
-
-    self.shards[i] (a _Shard): .param, this rank's piece (a flat Parameter of .size elements,
-    zero-padded on the last ranks), .shape and .numel of the whole parameter, .size =
-    ceil(numel / p), and .accumulated (None, or under no_sync the padded full gradient summed
-    over backwards). self.storages[i], self.numels[i] (size * p) and self.dtypes[i] (the
-    compute dtype): shard i's gathered storage; self.tensor(i, shape) views it."""
-
-    def __init__(self, name, module, places, shards, compute_dtype, comm, memory, world_size):
-        self.name, self.module, self.shards = name, module, shards
-        self.places = places  # (submodule, parameter name, index in shards): where each goes
-        self.comm, self.memory, self.world_size = comm, memory, world_size
-        self.dtypes = [compute_dtype or s.param.dtype for s in shards]
-        self.storages = [torch.empty(0, dtype=d, device=s.param.device).untyped_storage()
-                         for s, d in zip(shards, self.dtypes)]
-        self.numels = [s.size * world_size for s in shards]  # gathered, padding included
-        self.nbytes = sum(n * itemsize(d) for n, d in zip(self.numels, self.dtypes))
-        self.works, self.state, self.reducing = [], "free", []
-
-    def tensor(self, i, shape):
-        """A fresh tensor on shard i's gathered storage: autograd's saved ones see no write."""
-        return torch.empty(0, dtype=self.dtypes[i], device=self.shards[i].param.device).set_(
-            self.storages[i], 0, shape)
-
-    def gather(self):
-        """Start the all-gathers of every shard into the full storages (nothing if started)."""
-        if self.state != "free":
-            return
-        # ---- exercise fsdp_unit: grow each storage, start all-gathering the pieces into it
-        for i, (s, storage, numel) in enumerate(zip(self.shards, self.storages, self.numels)):
-            storage.resize_(numel * itemsize(self.dtypes[i]))
-            flat = self.tensor(i, (numel,))
-            piece = s.param.detach().to(self.dtypes[i])  # cast first: float16 halves the bytes
-            work = self.comm.start("all_gather", list(flat.split(s.size)), piece)
-            self.works.append((work, piece))  # the piece stays alive until the gather is done
-        self.state = "gathering"
-        self.memory.count(self.nbytes)
-        # ---- end of exercise
-
-    def wait(self):
-        self.gather()
-        for work, _ in self.works:
-            work.wait()
-        self.works, self.state = [], "gathered"
-
-    def free(self):
-        """Give the full parameters' bytes back; the tensors on the storages stay valid."""
-        # ---- exercise fsdp_unit: wait for a gather in flight, then shrink each storage to 0
-        if self.state != "free":
-            self.wait()  # a gather in flight writes into the storage: let it land first
-            for storage in self.storages:
-                storage.resize_(0)
-            self.state = "free"
-            self.memory.count(-self.nbytes)
-        # ---- end of exercise
-
-    def install(self, post_backward=None):
-        """Put the full parameters where the modules find them (module.__dict__ comes before
-        _parameters). post_backward given: through _Gather, whose backward calls it; else
-        plain tensors on the same storages (no_grad, or activation checkpointing's recompute,
-        whose graph autograd never runs backward through)."""
-        self.wait()
-        pieces = [s.param for s in self.shards]
-        trained = any(p.requires_grad for p in pieces)
-        if post_backward is not None and trained:
-            fulls = _Gather.apply(post_backward, self, *pieces)
-        else:  # recompute: requires_grad as _Gather's outputs, so autograd saves the same
-            fulls = [self.tensor(i, s.shape).requires_grad_(trained and torch.is_grad_enabled())
-                     for i, s in enumerate(self.shards)]
-        for module, pname, i in self.places:
-            module.__dict__[pname] = fulls[i]
-
-    def uninstall(self):
-        for module, pname, _ in self.places:
-            module.__dict__.pop(pname, None)  # module.weight is the piece again
-
-    def reduce_scatter(self, grads, sync):
-        """Start reducing each full gradient into its shard's .grad (sync); under no_sync keep
-        the full sum for the next synchronized backward instead."""
-        # ---- exercise fsdp_unit: pad each gradient (plus no_sync's sum), start reduce-scatters
-        for s, grad in zip(self.shards, grads):
-            if not s.param.requires_grad:
-                continue
-            if (grad is not None and s.numel == s.size * self.world_size and grad.is_contiguous()
-                    and grad.dtype == s.param.dtype and s.accumulated is None):
-                flat = grad.view(-1)  # no padding needed: reduce autograd's tensor, no copy
-            else:
-                flat = s.param.new_zeros(s.size * self.world_size)  # padded, the shard's dtype
-                if grad is not None:
-                    flat[:s.numel] = grad.reshape(-1)
-                if s.accumulated is not None:
-                    flat += s.accumulated
-            if not sync:
-                s.accumulated = flat
-                continue
-            s.accumulated, out = None, s.param.new_empty(s.size)
-            work = self.comm.start("reduce_scatter", out, list(flat.split(s.size)))
-            self.reducing.append((s, out, work, flat))
-            self.memory.count(flat.numel() * flat.element_size())
-        # ---- end of exercise
-
-    def finish_reduce(self):
-        """Wait for the reduce-scatters in flight; each shard's .grad gets the mean."""
-        # ---- exercise fsdp_unit: wait for each, divide by p, set or add to the shard's .grad
-        for s, out, work, flat in self.reducing:
-            work.wait()
-            out.div_(self.world_size)  # the sum over ranks -> the mean
-            s.param.grad = out if s.param.grad is None else s.param.grad.add_(out)
-            self.memory.count(-flat.numel() * flat.element_size())
-        self.reducing = []
-        # ---- end of exercise
-
-
-class _Gather(torch.autograd.Function):
-    """Shards in, full parameters out (gathered before); its backward reduce-scatters."""
-
-    @staticmethod
-    def forward(ctx, post_backward, unit, *shards):
-        ctx.post_backward, ctx.unit = post_backward, unit
-        return tuple(unit.tensor(i, s.shape) for i, s in enumerate(unit.shards))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        ctx.post_backward(ctx.unit, grads)
-        return (None, None) + (None,) * len(grads)  # the shards' .grad: written when reduced
-
-
-def _owners(module, chosen):
-    """{submodule: the chosen module nearest above it (itself included)}: whose unit holds its
-    parameters, as torch's fully_shard assigns a parameter to the innermost call around it."""
-    owner = {}
-
-    def walk(m, own):
-        own = m if m in chosen else own
-        owner.setdefault(m, own)  # a module reached twice stays with the first
-        for child in m.children():
-            walk(child, own)
-
-    walk(module, module)
-    return owner
-
-
 # ---- the wrapper: it decides when each unit gathers, frees and reduces --------------------
 
 class FullyShardedDataParallel(nn.Module):
-    """See the module docstring. prefetch: how many units are gathered ahead (0: none).
+    """Each rank keeps 1/p of every parameter; each unit (fsdp_unit.py) gathers them
+    while it computes. prefetch: how many units are gathered ahead (0: none).
     units: None, every module owning parameters is a unit; else the submodules that are,
-    besides the root (torch: the modules fully_shard is called on)."""
+    besides the root (torch: the modules fully_shard is called on).
+
+    Shard. Every parameter with two or more dimensions (Linear, Conv, Embedding weights) is
+       flattened, padded with zeros to a multiple of p and cut into p equal pieces: rank r's
+       Parameter *is* piece r (module.weight.shape becomes (ceil(n/p),)). One-dimensional ones
+       (biases, norm weights) stay whole on every rank and their gradients are all-reduced as in
+       DDP: sharding them saves a few bytes for a message each (CS336's rule). shard_all=True
+       shards them too, as torch's fully_shard does.
+
+    Gather, compute, free; reduce-scatter: each unit's (fsdp_unit.py). reshard_after_forward=True
+    frees a unit's parameters after its forward (ZeRO-3); False keeps them until its backward
+    (ZeRO-2: one gather fewer, all units gathered at once). units=[] gathers everything for the
+    whole forward, so the root may use a submodule's weight itself.
+
+    Prefetch. The next `prefetch` units' all-gathers start while the current unit computes,
+       in forward and in backward, so the wire works while the cores do; at most 1 + prefetch
+       units are gathered at once (CS336: gather a layer once the one two before it is done).
+       Backward starts with the units that finished forward last, and nothing computes yet to
+       hide their re-gathers behind: so under ZeRO-3 those stay gathered from their forward to
+       their backward (torch does so for its root), the last one and the `prefetch` before it,
+       as many as are gathered at once anyway: the peak stays 1 + prefetch units gathered.
+
+    Bytes each rank sends per step, N = the parameters' bytes: DDP's all-reduce 2(p-1)/p N;
+    ZeRO-3 gathers twice and reduces once, 3(p-1)/p N = 1.5x, less one gather of each unit kept
+    (4 equal units, prefetch 1: 1.25x); ZeRO-2 1.0x (bytes_per_step() counts what the last step
+    issued; the first step knows no order yet: no prefetch, nothing kept); memory() what a rank
+    holds, tensor by tensor. compute_dtype=torch.float16 / bfloat16: the shards are cast before
+    the all-gather (half the bytes) and the module computes in that dtype (the floating inputs
+    of the root and of every unit are cast, as torch casts each fully_shard module's; outputs
+    come out in it); shards, gradients (reduced in float32) and optimizer state stay
+    float32. collectives="ours": dist_sgd.comm.collectives' all_gather / reduce_scatter /
+    all_reduce (run on the one ordered helper thread of dist_sgd.comm.ordered), "torch": torch's;
+    either through dist_sgd.comm.counted, which logs what is sent.
+
+    As torch's: no_sync() keeps every gradient aside at full size, so opt.zero_grad() before the
+    synchronized backward loses none; clip_grad_norm_() clips by the norm of the whole model (all
+    ranks' pieces), as torch.nn.utils.clip_grad_norm_ on fully_shard's DTensor parameters does;
+    activation checkpointing (torch.utils.checkpoint, use_reentrant=False) recomputes on the
+    gathered weights; a parameter that gets no gradient (an output only logged) keeps its .grad
+    (None after zero_grad). Every rank must leave out the same ones: collectives pair by order.
+
+    Not supported, with a clear error: sparse gradients; wrapping twice; an optimizer built from
+    the parameters of before the wrapping. Buffers (BatchNorm statistics) are not synchronized,
+    as in torch's fully_shard. Checkpoints: state_dict() is the plain module's, gathered (see
+    dist_sgd/shard/fsdp_io.py).
+    """
 
     def __init__(self, module, compute_dtype=None, reshard_after_forward=True, shard_all=False,
                  prefetch=1, collectives="torch", init_sync=True, units=None):
@@ -385,7 +131,7 @@ class FullyShardedDataParallel(nn.Module):
         if units is None:
             units = [m for m in module.modules() if any(
                 p is not None and sharded(p) for p in m._parameters.values())]
-        owner = _owners(module, set(units) | {module})
+        owner = owners(module, set(units) | {module})
         self.memory_count, self.replicated, made = _Memory(), {}, {}
         places, shards = {}, {}  # per owner: where each full parameter goes; its shards
         for m in module.modules():
@@ -642,7 +388,3 @@ class FullyShardedDataParallel(nn.Module):
     def load_state_dict(self, state_dict, strict=True, assign=False):
         """Load a plain module's (full) state_dict: each rank keeps its pieces."""
         return fsdp_io.load_full_state_dict(self, state_dict, strict)
-
-
-# DIST_SGD_MINE: a learner's version replaces this one
-swap_in(globals(), "fsdp_unit", ("_Unit",), lesson="16")

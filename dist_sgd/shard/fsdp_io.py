@@ -14,12 +14,7 @@ everything goes in and out *full*, in the plain module's and the plain optimizer
     model.load_state_dict(saved["model"])              # each rank keeps its pieces
     load_full_optim_state_dict(model, optimizer, saved["optim"])
 
-The full dicts also load into the plain module (`Net().load_state_dict(full)`) and the plain
-optimizer (`torch.optim.Adam(net.parameters()).load_state_dict(optim)`), and back. Parameter
-order is the plain module's: wrapping keeps every parameter's name and place. A dict that
-does not fit (other keys, other shapes, one rank's pieces saved at another world size) is
-refused with ValueError before anything is changed. dist_sgd.faults.checkpoint's
-save_checkpoint / load_checkpoint use these for a FullyShardedDataParallel.
+What the full dicts load into, and what is refused: load_full_optim_state_dict's docstring.
 """
 from collections import OrderedDict
 
@@ -135,7 +130,15 @@ def optim_state_problems(fsdp, optimizer, state_dict):
 
 
 def load_full_optim_state_dict(model, optimizer, state_dict):
-    """Load a full (plain optimizer's) state_dict: each rank keeps its pieces of the state."""
+    """Load a full (plain optimizer's) state_dict: each rank keeps its pieces of the state.
+
+    The full dicts also load into the plain module (`Net().load_state_dict(full)`) and the plain
+    optimizer (`torch.optim.Adam(net.parameters()).load_state_dict(optim)`), and back. Parameter
+    order is the plain module's: wrapping keeps every parameter's name and place. A dict that
+    does not fit (other keys, other shapes, one rank's pieces saved at another world size) is
+    refused with ValueError before anything is changed. dist_sgd.faults.checkpoint's
+    save_checkpoint / load_checkpoint use these for a FullyShardedDataParallel.
+    """
     problems = optim_state_problems(model, optimizer, state_dict)
     if problems:  # refused before anything is loaded
         raise ValueError("load_full_optim_state_dict: " + "; ".join(problems))

@@ -13,32 +13,9 @@ bytes, with 4-byte params and grads and K bytes of optimizer state (Adam in floa
     loss.backward()
     opt.step()              # gradients -> this rank's shard updated -> parameters shared
 
-    opt.consolidate_state_dict(to=0)        # every rank (a collective), as torch's ZeRO
-    if rank == 0: torch.save(opt.state_dict(), path)   # the plain optimizer's layout
-
-Two communication schemes (scheme=...), N = the bytes of all gradients:
-  "broadcast"  (torch's ZeroRedundancyOptimizer): all-reduce every gradient (each rank sends
-      2(p-1)/p N), step the own shard, then each rank broadcasts its updated parameters
-      ((p-1)/p N): 1.5x the bytes of plain data parallelism. Every rank ends with every
-      averaged gradient.
-  "all_gather" (DeepSpeed's): reduce-scatter the gradients, so each rank receives the average
-      of its own shard only ((p-1)/p N), step, all-gather the parameters ((p-1)/p N): 1.0x.
-      Shards differ in size (whole parameters), so both collectives pad every shard to the
-      largest: the bytes counted include the padding.
-
-Gradients already averaged (reduce_gradients=False): under our DistributedDataParallel, or
-after dist_sgd.sgd.sync.average_gradients, every rank already holds the averaged gradient of every
-parameter. Reducing again would be wrong twice over: an all-reduce sums p copies of the mean
-(p times too large unless divided again) and costs 2(p-1)/p N for nothing. So then both schemes
-skip the gradient step and only share the parameters (broadcast or all-gather): the same
-(p-1)/p N either way, on top of the 2(p-1)/p N the DDP all-reduce spent, i.e. 1.5x. DeepSpeed's
-1.0x needs the optimizer to own the gradient communication: reduce_gradients=True, no DDP.
-
-collectives="torch" uses torch.distributed's; "ours" dist_sgd.comm.collectives' (from send/recv).
-Every rank must see the same parameters in the same order, and the same parameters without a
-gradient (as for average_gradients). Parameters with requires_grad=False when they are handed
-over belong to no shard (an optimizer never updates them); to train them later, add them with
-add_param_group. All trainable parameters must share one dtype and device (one flat buffer).
+Two communication schemes (scheme="broadcast", torch's: 1.5x the bytes of plain data
+parallelism; "all_gather", DeepSpeed's: 1.0x), and what happens to gradients DDP already
+averaged: ShardedOptimizer's docstring.
 """
 import torch
 import torch.distributed as dist
@@ -84,6 +61,31 @@ class ShardedOptimizer(torch.optim.Optimizer):
     calls consolidate_state_dict(to=r) (a collective), then state_dict() on rank r returns the
     plain optimizer's layout, which loads into optimizer_class(params) and back, and into a
     ShardedOptimizer at any world size (load_state_dict keeps this rank's shard of it).
+
+    Two communication schemes (scheme=...), N = the bytes of all gradients:
+      "broadcast"  (torch's ZeroRedundancyOptimizer): all-reduce every gradient (each rank sends
+          2(p-1)/p N), step the own shard, then each rank broadcasts its updated parameters
+          ((p-1)/p N): 1.5x the bytes of plain data parallelism. Every rank ends with every
+          averaged gradient.
+      "all_gather" (DeepSpeed's): reduce-scatter the gradients, so each rank receives the average
+          of its own shard only ((p-1)/p N), step, all-gather the parameters ((p-1)/p N): 1.0x.
+          Shards differ in size (whole parameters), so both collectives pad every shard to the
+          largest: the bytes counted include the padding.
+
+    Gradients already averaged (reduce_gradients=False): under our DistributedDataParallel, or after
+    dist_sgd.sgd.sync.average_gradients, every rank already holds the averaged gradient of every
+    parameter. Reducing again would be wrong twice over: an all-reduce sums p copies of the mean (p
+    times too large unless divided again) and costs 2(p-1)/p N for nothing. So then both schemes
+    skip the gradient step and only share the parameters (broadcast or all-gather): the same (p-1)/p
+    N either way, on top of the 2(p-1)/p N the DDP all-reduce spent, i.e. 1.5x. DeepSpeed's 1.0x
+    needs the optimizer to own the gradient communication: reduce_gradients=True, no DDP.
+
+    collectives="torch" uses torch.distributed's; "ours" dist_sgd.comm.collectives' (from
+    send/recv). Every rank must see the same parameters in the same order, and the same parameters
+    without a gradient (as for average_gradients). Parameters with requires_grad=False when they are
+    handed over belong to no shard (an optimizer never updates them); to train them later, add them
+    with add_param_group. All trainable parameters must share one dtype and device (one flat
+    buffer).
     """
 
     def __init__(self, params, optimizer_class, scheme="broadcast", collectives="torch",

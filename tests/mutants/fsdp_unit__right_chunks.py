@@ -2,7 +2,7 @@
 helper for a padded flat gradient, .grad accumulated with +=."""
 import torch
 import torch.nn.functional as F
-from dist_sgd.shard.fsdp import _Gather, itemsize
+from dist_sgd.shard.fsdp_unit import _Gather, itemsize
 
 
 class _Unit:

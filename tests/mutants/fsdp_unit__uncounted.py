@@ -7,8 +7,8 @@ replaces text that occurs once in it, so the wrong version follows the reference
 CAUGHT_BY = 'the collectives go through self.comm.start, where FSDP counts its bytes'
 HINT = "start each collective with"
 PATCH = [
-    ('import torch\nfrom dist_sgd.shard.fsdp import _Gather, itemsize\n',
-     'import torch\nimport torch.distributed as dist\nfrom dist_sgd.shard.fsdp import _Gather, itemsize\n'),
+    ('import torch\nfrom dist_sgd.shard.fsdp_unit import _Gather, itemsize\n',
+     'import torch\nimport torch.distributed as dist\nfrom dist_sgd.shard.fsdp_unit import _Gather, itemsize\n'),
     ('            work = self.comm.start("all_gather", list(flat.split(s.size)), piece)\n',
      '            work = dist.all_gather(list(flat.split(s.size)), piece, async_op=True)\n'),
 ]

@@ -1,4 +1,4 @@
-"""Lesson 16's FSDP unit (dist_sgd.shard.fsdp._Unit): gather, free and reduce-scatter of one
+"""Lesson 16's FSDP unit (dist_sgd.shard.fsdp_unit._Unit): gather, free and reduce-scatter of one
 unit's flat pieces, each against torch's own collectives on the same tensors. The unit is a
 Linear(7, 13): a weight of 91 and a bias of 13 elements, so at p = 2 and 3 the last pieces
 are padded."""
@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from dist_sgd.comm.counted import Counted
 from dist_sgd.course.grade import Grader
-from dist_sgd.shard.fsdp import _Memory, _Shard
+from dist_sgd.shard.fsdp_unit import _Memory, _Shard
 
 PAD_HINT = "every piece an all-gather fills, and every piece a reduce-scatter sends, has " \
            "s.size elements: pad to s.size * p"
