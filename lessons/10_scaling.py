@@ -30,6 +30,9 @@ Without root (no network namespaces) part 3 shows the numbers in figures/ instea
 how to measure them. Numbers measured here are your machine's; the committed ones are from
 a quiet 2-core machine.
 
+CPU only: what this lesson measures is gloo between CPU processes and over emulated links, so
+its ranks use gloo and CPU tensors even where GPUs exist (--backend nccl is yours to try).
+
 Run:
     python lessons/10_scaling.py                   # loopback; as root also 2 emulated nodes
     sudo python lessons/10_scaling.py --world-size 4 --quick

@@ -29,6 +29,9 @@ training step is not: on 2 cores with other work running, computing BigNet's ste
 longer than its all-reduce, and gloo's sending thread competes with backward for a core, so
 overlap gains little (compare the "no communication" row with the rest, and `uptime`'s load).
 
+CPU only: the nodes are network namespaces of this machine and the lesson is about their
+links, so its ranks use gloo and CPU tensors, GPUs or not.
+
 Run:
     sudo python lessons/11_across_nodes.py             # 2 nodes at 1 Gbit/s
     sudo python lessons/11_across_nodes.py --quick     # small sizes, ~20 s

@@ -32,6 +32,11 @@ is atomic), and `latest` moves to the new step only after every rank has finishe
 barrier), again by a rename. The previous checkpoint stays loadable until then; older ones
 beyond `keep` are removed after.
 
+Across devices: every file is read with torch.load(map_location="cpu"), then copied into the
+model's and optimizer's own tensors wherever they live (torch's Optimizer.load_state_dict moves
+state to its parameter's device), so a checkpoint saved on GPUs loads on a CPU and back, and
+onto another GPU index. The saved generators include every GPU's (restored when as many exist).
+
 A checkpoint that does not fit is refused before anything changes, with the reason: a model
 with other parameter names or shapes, an optimizer of another kind or size, a damaged file
 (named). Damaged: torch.load checks no checksum (a flipped byte in a tensor loads as a wrong
