@@ -126,10 +126,8 @@ class ColumnParallelLinear(nn.Module):
         self.rank, self.size = world("ColumnParallelLinear", group)
         self.group, self.gather_output, self.log = group, gather_output, log
         local = _share(out_features, "out_features", self.size)
-        self.weight = nn.Parameter(torch.empty(local, in_features, dtype=dtype,
-                                                       device=device))
-        self.bias = nn.Parameter(torch.zeros(local, dtype=dtype, device=device)) \
-            if bias else None
+        self.weight = nn.Parameter(torch.empty(local, in_features, dtype=dtype, device=device))
+        self.bias = nn.Parameter(torch.zeros(local, dtype=dtype, device=device)) if bias else None
 
     def forward(self, x):
         # ---- exercise parallel_linear: f, this rank's slice of y, gathered if gather_output
@@ -161,8 +159,7 @@ class RowParallelLinear(nn.Module):
         self.rank, self.size = world("RowParallelLinear", group)
         self.group, self.input_is_parallel, self.log = group, input_is_parallel, log
         local = _share(in_features, "in_features", self.size)
-        self.weight = nn.Parameter(torch.empty(out_features, local, dtype=dtype,
-                                                       device=device))
+        self.weight = nn.Parameter(torch.empty(out_features, local, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype,
                                                      device=device)) if bias else None
 
