@@ -131,3 +131,18 @@ def test_the_factory_rule_catches_a_tensor_left_on_the_cpu():
     assert factory_breaks("x = torch.zeros(3)  # on the CPU: indices for a sampler\n") == []
     assert factory_breaks("x = torch.zeros(3)\n")  # the mistake: made on the CPU, unsaid
     assert factory_breaks("flag = torch.tensor([1],\n    dtype=torch.int64)\n")
+
+
+def test_exact_float32_turns_tf32_off_and_changes_nothing_else_on_a_cpu():
+    from dist_sgd.plumbing.check import exact_float32
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.are_deterministic_algorithms_enabled())
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        exact_float32(deterministic=True)
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        if not torch.cuda.is_available():  # on a CPU every kernel is deterministic already
+            assert torch.are_deterministic_algorithms_enabled() == saved[2]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+        torch.use_deterministic_algorithms(saved[2])
