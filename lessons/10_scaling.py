@@ -175,7 +175,7 @@ def extrapolate(compute, nbytes):
 def main():
     parser = lesson_parser(__doc__, world_size=2)
     args = parser.parse_args()
-    if args.world_size < 2:
+    if (int(os.environ["WORLD_SIZE"]) if under_torchrun() else args.world_size) < 2:
         parser.error("a ping-pong needs 2 ranks: --world-size 2 or more")
     # gloo unless asked otherwise: this lesson's tensors and models live on the CPU
     results = launch(run, args.world_size, args, backend=args.backend or "gloo")

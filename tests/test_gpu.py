@@ -495,10 +495,9 @@ LESSONS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "less
 # What a lesson needs besides --quick under torchrun: 14 and 17 are one resumable training run
 # there (their own story starts torchrun itself), given a checkpoint folder.
 EXTRA = {"14": ["--checkpoint-dir"], "17": ["--checkpoint-dir"]}
-# A lesson that cannot run as one process says why, naming it (10 and 11 with a ValueError
-# from the ping-pong, seen under torchrun on a CPU): this text.
-REFUSES_ONE_RANK = {"15": "needs at least one worker", "10": "needs a group of at least 2 ranks",
-                    "11": "needs a group of at least 2 ranks"}
+# A lesson that cannot run as one process says so in one line, naming why: this text.
+REFUSES_ONE_RANK = {"15": "needs at least one worker", "10": "a ping-pong needs 2 ranks",
+                    "11": "across nodes takes 2 nodes or more"}
 
 
 def _run_lesson(name):
