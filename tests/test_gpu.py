@@ -2,7 +2,7 @@
 
 Without a GPU every test here skips (CI has none). With one GPU (the checkout on PYTHONPATH is
 enough: nothing needs installing; torch 2.11 and 2.14 alike):
-- every lesson at --quick under torchrun with one process on the GPU (NCCL), four at a time;
+- every lesson at --quick under torchrun with one process on the GPU (NCCL), six at a time;
   a lesson that cannot run there says so in one line (CPU only, or world size 1 refused);
 - launch() under NCCL places each rank on its own GPU (world size 1: one GPU is enough);
 - our collectives (and the textbook's) on CUDA tensors over NCCL at world size 1 and over
@@ -517,9 +517,9 @@ def _run_lesson(name):
 
 @pytest.fixture(scope="module")
 def lesson_runs():
-    """Every lesson started at once, four at a time (one GPU is enough for four NCCL groups of
-    one): {name: future of (exit code, output)}."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=4)
+    """Every lesson started at once, six at a time (one GPU holds six NCCL groups of one; the
+    machine's cores run their CPU parts): {name: future of (exit code, output)}."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(6, os.cpu_count() or 1))
     yield {name: pool.submit(_run_lesson, name) for name in LESSONS}
     pool.shutdown(wait=True)
 
