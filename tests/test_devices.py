@@ -7,6 +7,7 @@
 - what the library creates lives on the device of its inputs: every tensor factory call in
   the library pieces (torch.zeros, torch.tensor, ...) names its device, or its line says why
   the CPU is meant (`# on the CPU: ...`) - read from the source, no GPU needed.
+- tests/test_gpu.py's rank code runs here on CPU tensors, so it cannot rot where CI has no GPU.
 Lessons have their own rule (tests/test_lessons.py: device_breaks).
 """
 import ast
@@ -146,3 +147,21 @@ def test_exact_float32_turns_tf32_off_and_changes_nothing_else_on_a_cpu():
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
         torch.use_deterministic_algorithms(saved[2])
+
+
+def _gpu_tests_on_the_cpu(rank, world_size, folder):
+    """tests/test_gpu.py's rank code, on CPU tensors: what it computes holds here too, so a
+    GPU session meets only what is the GPU's."""
+    import test_gpu as G
+    return {"collectives": max(G._collectives_on(rank, world_size, "cpu").values()),
+            "ddp": G._ddp_on(rank, world_size, "cpu", 2),
+            "hooks": max(G._hooks_on(rank, world_size, "cpu").values()),
+            "pipeline": G._pipeline_on(rank, world_size, "cpu"),
+            "tensor parallel": G._tensor_parallel_on(rank, world_size, "cpu"),
+            "parameter server": G._ps_on(rank, world_size, "cpu"),
+            "checkpoint": G._checkpoint_across_devices(rank, world_size, "cpu", folder)}
+
+
+def test_the_gpu_tests_rank_code_holds_on_cpu_tensors(tmp_path):
+    for worst in launch(_gpu_tests_on_the_cpu, 2, str(tmp_path)):
+        assert max(worst.values()) < 1e-5, worst
