@@ -165,3 +165,12 @@ def _gpu_tests_on_the_cpu(rank, world_size, folder):
 def test_the_gpu_tests_rank_code_holds_on_cpu_tensors(tmp_path):
     for worst in launch(_gpu_tests_on_the_cpu, 2, str(tmp_path)):
         assert max(worst.values()) < 1e-5, worst
+
+
+def test_the_gpu_benchmarks_workers_run_on_the_cpu():
+    """bench/gpu.py measures on a GPU only; its workers' code, at --quick, runs here."""
+    from dist_sgd.bench import gpu
+    [rows] = launch(gpu._ddp_worker, 1, True, backend="gloo")
+    assert {r["who"] for r in rows} == {"our DDP", "torch DDP"} and len(rows) == 4, rows
+    rows = launch(gpu._all_reduce_worker, 2, True, "cpu", backend="gloo")[0]
+    assert {r["who"] for r in rows} == {"ours (ring)", "torch"} and len(rows) == 6, rows

@@ -42,12 +42,14 @@ def gpu_name():
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
 
 
-def _models():
+def _models(quick):
     from dist_sgd.sgd.models import Net
+    width = 256 if quick else 1024  # --quick: small enough for a CPU (the tests run it there)
     mlp = lambda: nn.Sequential(*[m for _ in range(16)  # noqa: E731
-                                  for m in (nn.Linear(1024, 1024), nn.ReLU())], nn.Linear(1024, 10))
+                                  for m in (nn.Linear(width, width), nn.ReLU())],
+                                nn.Linear(width, 10))
     return {"Net (lesson 07), batch 64": (Net, (64, 1, 28, 28)),
-            "MLP 16 x 1024, batch 64": (mlp, (64, 1024))}
+            f"MLP 16 x {width}, batch 64": (mlp, (64, width))}
 
 
 def _ddp_worker(rank, world_size, quick):
@@ -55,7 +57,7 @@ def _ddp_worker(rank, world_size, quick):
     from dist_sgd.ddp.ddp import DistributedDataParallel
     from dist_sgd.plumbing.rank import device
     dev, rows = device(), []
-    for model_name, (make, shape) in _models().items():
+    for model_name, (make, shape) in _models(quick).items():
         torch.manual_seed(0)
         twins = {"our DDP": DistributedDataParallel(make().to(dev)),
                  "torch DDP": nn.parallel.DistributedDataParallel(make().to(dev))}
@@ -77,12 +79,14 @@ def _ddp_worker(rank, world_size, quick):
     return rows
 
 
-def _all_reduce_worker(rank, world_size, quick):
-    """Our ring all-reduce and torch's on CUDA tensors of each size."""
+def _all_reduce_worker(rank, world_size, quick, dev=None):
+    """Our ring all-reduce and torch's on CUDA tensors of each size (`dev`: another device)."""
     from dist_sgd.comm import collectives as ours
-    dev, rows = torch.device("cuda", torch.cuda.current_device()), []
-    if dist.get_backend() != "nccl":
-        dev = torch.device("cuda", 0)  # ranks sharing the one GPU over gloo
+    from dist_sgd.plumbing.rank import device
+    rows = []
+    # NCCL: this rank's own GPU; gloo: the ranks share GPU 0
+    dev = torch.device(dev) if dev else device() if dist.get_backend() == "nccl" else \
+        torch.device("cuda", 0)
     for n in SIZES[:3] if quick else SIZES:
         t = torch.ones(n // 4, device=dev)
         samples = time_alternating({"ours (ring)": lambda: ours.all_reduce(t),
