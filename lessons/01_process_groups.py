@@ -54,7 +54,7 @@ import torch.distributed as dist
 
 from dist_sgd.plumbing.check import check
 from dist_sgd.plumbing.launch import RankError, free_port, launch, lesson_parser
-from dist_sgd.plumbing.rank import log, rank_print, under_torchrun
+from dist_sgd.plumbing.rank import device, log, rank_print, under_torchrun
 
 BACKENDS = """\
 Backends: the library that moves the bytes.
@@ -78,7 +78,7 @@ def run(rank, size, part):
     rank_print(f"{part}: I am rank {dist.get_rank()} of {dist.get_world_size()} "
                f"(backend {dist.get_backend()}, pid {os.getpid()})")
     dist.barrier()  # nobody passes until all ranks have arrived
-    total = torch.tensor([rank + 1.0])  # rank r contributes r + 1 ...
+    total = torch.tensor([rank + 1.0], device=device())  # rank r contributes r + 1 ...
     dist.all_reduce(total)  # ... and every rank receives the sum 1 + 2 + ... + size
     expected = size * (size + 1) / 2
     log(check(f"{part} all-reduce of rank+1 vs N(N+1)/2 = {expected:g}",

@@ -59,10 +59,10 @@ from dist_sgd.comm import collectives
 from dist_sgd.comm.ordered import start_all_reduce
 from dist_sgd.ddp.bucketed import BucketedDDP
 from dist_sgd.ddp.steps import HookDDP, NaiveDDP
-from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.plumbing.check import check, exact_float32, max_diff
 from dist_sgd.plumbing.figures import figure_path
 from dist_sgd.plumbing.launch import launch, lesson_parser
-from dist_sgd.plumbing.rank import log, rank_print
+from dist_sgd.plumbing.rank import device, log, rank_print
 from dist_sgd.sgd.data import get_dataset
 from dist_sgd.sgd.models import Net
 
@@ -71,7 +71,7 @@ RANK_BATCH, BUCKET_MB, TOL = 32, 0.01, 1e-6  # 0.01 MiB cuts Net's 87 KB into 3 
 
 def net(seed):
     torch.manual_seed(seed)
-    return Net().eval()  # eval: dropout off (see the docstring)
+    return Net().eval().to(device())  # eval: dropout off (see the docstring)
 
 
 def grads(model):
@@ -87,9 +87,11 @@ def show_trace(trace, limit):
 
 
 def run(rank, world_size, args):
+    exact_float32(deterministic=True)  # a GPU: no TF32 (lesson 09), same bits for "bit for bit"
     images, labels = get_dataset(args.dataset, quiet=True).tensors
     # Equal shares: the mean of the ranks' mean losses is then the global batch's mean loss.
-    x, y = images[:RANK_BATCH * world_size], labels[:RANK_BATCH * world_size]
+    n = RANK_BATCH * world_size
+    x, y = images[:n].to(device()), labels[:n].to(device())
     mine = slice(rank * RANK_BATCH, (rank + 1) * RANK_BATCH)
 
     def backward(model, steps=1):  # the same batch each step; the last step's gradients stay

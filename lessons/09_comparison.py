@@ -32,6 +32,19 @@ and 4 ranks on 2 cores would not. Peak memory per process is mostly torch itself
 dataset (each process loads its own copy: DDP's real memory cost on one machine); Net's
 weights and gradients are 0.2 MB.
 
+On a GPU, one more difference, far bigger than rounding: TF32. On Ampere and later NVIDIA GPUs
+cuDNN's convolutions round float32 inputs to TF32 by default (a 10-bit mantissa, about 3
+decimal digits; the sums stay float32): faster, and coarse. Run on one H200 (torch 2.11) with
+TF32 on, this lesson's average_gradients differed from the single process by 2.44e-04 at step
+1, over the tolerance of 1e-05; with TF32 off (NVIDIA_TF32_OVERRIDE=0) the check passed.
+Training does not mind; a comparison does. So run() turns it off, and so does every lesson
+that compares float32 results (dist_sgd.plumbing.check.exact_float32):
+    torch.backends.cudnn.allow_tf32 = False          # convolutions (on by default)
+    torch.backends.cuda.matmul.allow_tf32 = False    # matmuls (off by default since torch 1.12)
+A GPU can also differ from itself: some kernels add with atomics, in whatever order threads
+finish. torch.use_deterministic_algorithms(True) picks deterministic ones; a "bit for bit"
+claim on a GPU holds only with it.
+
 Run:
     python lessons/09_comparison.py --world-size 2      # a full epoch: about a minute
     python lessons/09_comparison.py --quick             # 10 steps on a small slice
@@ -137,6 +150,8 @@ class Way:
 def run(rank, world_size, args, names=DISTRIBUTED):
     # The same global batches for every way in `names`, taking turns: on every rank for the
     # distributed ways, and called plainly (rank 0 of 1) for the one-process ways.
+    # TF32 off (see the docstring): a GPU's float32 must compare with the CPU's within 1e-5
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     train = get_dataset("auto", quiet=dist.is_initialized())  # says which dataset and why, once
     test = get_dataset("auto", train=False, quiet=True)
     test = TensorDataset(*(t[:500 if args.quick else None] for t in test.tensors))

@@ -30,6 +30,9 @@ Without root (no network namespaces) part 3 shows the numbers in figures/ instea
 how to measure them. Numbers measured here are your machine's; the committed ones are from
 a quiet 2-core machine.
 
+CPU only: what this lesson measures is gloo between CPU processes and over emulated links, so
+its ranks use gloo and CPU tensors even where GPUs exist (--backend nccl is yours to try).
+
 Run:
     python lessons/10_scaling.py                   # loopback; as root also 2 emulated nodes
     sudo python lessons/10_scaling.py --world-size 4 --quick
@@ -172,7 +175,7 @@ def extrapolate(compute, nbytes):
 def main():
     parser = lesson_parser(__doc__, world_size=2)
     args = parser.parse_args()
-    if args.world_size < 2:
+    if (int(os.environ["WORLD_SIZE"]) if under_torchrun() else args.world_size) < 2:
         parser.error("a ping-pong needs 2 ranks: --world-size 2 or more")
     # gloo unless asked otherwise: this lesson's tensors and models live on the CPU
     results = launch(run, args.world_size, args, backend=args.backend or "gloo")

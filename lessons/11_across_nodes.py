@@ -29,6 +29,9 @@ training step is not: on 2 cores with other work running, computing BigNet's ste
 longer than its all-reduce, and gloo's sending thread competes with backward for a core, so
 overlap gains little (compare the "no communication" row with the rest, and `uptime`'s load).
 
+CPU only: the nodes are network namespaces of this machine and the lesson is about their
+links, so its ranks use gloo and CPU tensors, GPUs or not.
+
 Run:
     sudo python lessons/11_across_nodes.py             # 2 nodes at 1 Gbit/s
     sudo python lessons/11_across_nodes.py --quick     # small sizes, ~20 s
@@ -180,14 +183,14 @@ def main():
     parser = lesson_parser(__doc__)
     parser.add_argument("--rate", default="1gbit", help="each link's speed (default 1gbit)")
     args = parser.parse_args()
+    if (int(os.environ["WORLD_SIZE"]) if under_torchrun() else args.world_size) < 2:
+        parser.error("across nodes takes 2 nodes or more: --world-size 2")
     if under_torchrun():  # one rank of a job (in a node of ours, or on a real cluster)
         results = launch(run, None, args, backend="gloo")
         if results is not None:  # NODE_RANK: the cluster below set it, the link has our rate
             rate = cluster.parse_rate(args.rate) if "NODE_RANK" in os.environ else None
             report(results[0], rate, len(results))
         return
-    if args.world_size < 2:
-        parser.error("across nodes takes 2 nodes or more: --world-size 2")
     if why := netns.privilege_problem():
         return recorded(why, args)
     mine = [os.path.relpath(__file__), "--rate", args.rate] + ["--quick"] * args.quick

@@ -67,7 +67,7 @@ from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.figures import read_csv
 from dist_sgd.scale.summaries import COMPRESS_LINK, compress_link, compress_link_lines
 from dist_sgd.plumbing.launch import launch, lesson_parser
-from dist_sgd.plumbing.rank import log
+from dist_sgd.plumbing.rank import device, log
 from dist_sgd.scale.costmodel import human_bytes, link, predict_compressed_step
 from dist_sgd.sgd.data import get_dataset
 from dist_sgd.sgd.models import BigNet, Net, init_weights
@@ -79,7 +79,8 @@ BATCH, BUCKET_MB = 64, 0.01  # global batch; 0.01 MiB: Net's 87 KB of gradients 
 
 def make(scheme, start, error_feedback):  # Net in our DDP with our hook, counting what it sends
     torch.manual_seed(0)
-    model, k = DistributedDataParallel(Net().apply(init_weights), BUCKET_MB), SCHEMES[scheme]
+    model = DistributedDataParallel(Net().apply(init_weights).to(device()), BUCKET_MB)
+    k = SCHEMES[scheme]
     # PowerSGDState(process group, matrix_approximation_rank, start_powerSGD_iter, ...)
     state = compress.PowerSGDState(None, k, start, use_error_feedback=error_feedback) if k else None
     hook = compress.powerSGD_hook if k else \
@@ -96,7 +97,8 @@ def train(model, state, train_set, residual):  # 2 epochs; ||e|| vs ||averaged g
         loader.sampler.set_epoch(epoch)
         for x, y in loader:
             opt.zero_grad()
-            F.nll_loss(model(x), y).backward()  # the hook runs in here, bucket by bucket
+            # the hook runs in here, bucket by bucket
+            F.nll_loss(model(x.to(device())), y.to(device())).backward()
             if residual is not None and state.error_dict:
                 grad = torch.cat([p.grad.flatten() for p in model.parameters()])
                 e = torch.cat(list(state.error_dict.values()))
@@ -105,18 +107,21 @@ def train(model, state, train_set, residual):  # 2 epochs; ||e|| vs ||averaged g
 
 
 def same_gradients(train_set):  # our hooks and torch's on the same gradients, 5 steps
-    model, diffs = Net().apply(init_weights), {"fp16": 0.0, "powerSGD": 0.0}
+    model, diffs = Net().apply(init_weights).to(device()), {"fp16": 0.0, "powerSGD": 0.0}
+    # torch's powerSGD_hook calls torch.cuda.synchronize(bucket's device) wherever a GPU
+    # exists, which fails on CPU gradients (gloo on a GPU machine): give it theirs on the GPU.
+    there = torch.device("cuda") if torch.cuda.is_available() else device()
     pairs = {"fp16": ((None, compress.fp16_compress_hook),
                       (None, torch_default.fp16_compress_hook)),
              "powerSGD": ((compress.PowerSGDState(None, 2, 2), compress.powerSGD_hook),
                           (torch_powersgd.PowerSGDState(None, 2, 2), torch_powersgd.powerSGD_hook))}
     for step, (x, y) in zip(range(5), shard_loader(train_set, BATCH)):
         model.zero_grad()
-        F.nll_loss(model(x), y).backward()
+        F.nll_loss(model(x.to(device())), y.to(device())).backward()
         grads = [p.grad for p in model.parameters()]
         for name, ((s1, ours), (s2, theirs)) in pairs.items():
             a = ours(s1, GradBucket.of(grads)).wait()
-            b = theirs(s2, GradBucket.of(grads)).wait()
+            b = theirs(s2, GradBucket.of([g.to(there) for g in grads])).wait()
             diffs[name] = max(diffs[name], max_diff(a, b))
     return diffs
 
@@ -135,11 +140,13 @@ def run(rank, world_size, args):
         sent = (counter["bytes"] / counter["steps"] if state is None else  # PowerSGD counts its own
                 4 * state.compression_stats()[2] / max(counter["steps"] - start, 1))
         out["runs"][scheme, ef] = {"accuracy": evaluate(model, test_set)["accuracy"], "bytes": sent}
-    big, xb, yb = BigNet(), torch.randn(32, 1, 28, 28), torch.zeros(32, dtype=torch.long)
+    big, xb = BigNet().to(device()), torch.randn(32, 1, 28, 28, device=device())
+    yb = torch.zeros(32, dtype=torch.long, device=device())
     F.nll_loss(big(xb), yb).backward()  # warm-up; then 3 timed: the cost model's compute
     t = time.perf_counter()
     for _ in range(3):
         F.nll_loss(big(xb), yb).backward()
+    torch.cuda.synchronize() if xb.is_cuda else None  # a GPU runs ahead of Python: wait for it
     return dict(out, world_size=world_size, compute_s=(time.perf_counter() - t) / 3)
 
 
@@ -195,7 +202,7 @@ def report(r):
 
 if __name__ == "__main__":
     args = lesson_parser(__doc__).parse_args()
-    results = launch(run, args.world_size, args, backend=args.backend or "gloo")
+    results = launch(run, args.world_size, args, backend=args.backend)
     if results is not None:
         log(__doc__.split("\n\n")[0])
         report(results[0])

@@ -60,7 +60,7 @@ import torch.nn.functional as F
 from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.ddp.ddp import DistributedDataParallel
 from dist_sgd.plumbing.launch import launch, lesson_parser
-from dist_sgd.plumbing.rank import log, under_torchrun
+from dist_sgd.plumbing.rank import device, log, under_torchrun
 from dist_sgd.sgd.sync import average_gradients
 from dist_sgd.plumbing.timing import summarize, time_alternating
 from dist_sgd.shard.zero import ShardedOptimizer
@@ -72,7 +72,8 @@ LR, STEPS = 1e-3, 3
 def make_model(width, depth):
     """depth equal layers: whole-parameter shards balance when p divides depth."""
     torch.manual_seed(0)  # the same initial weights on every rank
-    return nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(width, width), nn.Tanh())])
+    layers = [m for _ in range(depth) for m in (nn.Linear(width, width), nn.Tanh())]
+    return nn.Sequential(*layers).to(device())  # NCCL: this rank's GPU
 
 
 def train_step(model, opt, x, y, forward=None, before_step=None):
@@ -95,7 +96,7 @@ def held_bytes(model, opt):
 def run(rank, world_size, args):
     width, depth, batch = args.width, args.depth, args.batch
     torch.manual_seed(100 + rank)  # every rank its own batch
-    x, y = torch.randn(batch, width), torch.randn(batch, width)
+    x, y = torch.randn(batch, width, device=device()), torch.randn(batch, width, device=device())
     # 1. Memory, bytes and time, in float32: plain data parallelism (average_gradients, then
     # the full Adam on every rank) against ZeRO-1 in both schemes (the optimizer averages).
     plain_model = make_model(width, depth)

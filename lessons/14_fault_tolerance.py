@@ -62,9 +62,9 @@ from dist_sgd.ddp.ddp import DistributedDataParallel
 from dist_sgd.faults.chaos import run_and_kill, write_step
 from dist_sgd.faults.checkpoint import load_checkpoint, save_checkpoint, weights_sha256
 from dist_sgd.faults.peer_recovery import current_group, run_with_peer_recovery, state_of
-from dist_sgd.plumbing.check import check, max_diff
+from dist_sgd.plumbing.check import check, exact_float32, max_diff
 from dist_sgd.plumbing.launch import launch, lesson_parser
-from dist_sgd.plumbing.rank import log, under_torchrun
+from dist_sgd.plumbing.rank import device, log, under_torchrun
 from dist_sgd.sgd.data import get_dataset
 from dist_sgd.sgd.models import Net
 from dist_sgd.sgd.optim import SGD
@@ -77,7 +77,7 @@ GLOBAL_BATCH, SEED = 64, 14
 def build(state=None):
     """Net in our DDP, SGD with momentum; loaded from `state` when a peer sent one."""
     torch.manual_seed(SEED)
-    ddp = DistributedDataParallel(Net())
+    ddp = DistributedDataParallel(Net().to(device()))  # NCCL: this rank's GPU
     opt = SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     if state is not None:  # in place: DDP holds no copy of the weights
         ddp.module.load_state_dict(state["model"])
@@ -101,12 +101,12 @@ def one_step(model, opt, data, sampler, step, rank, world_size):
 def run(rank, world_size, args, part="restart"):
     """One rank's training: resumable from checkpoints (part "restart": under torchrun or
     launch), or surviving a dead peer (part "peer": under run_with_peer_recovery)."""
-    data = get_dataset(args.data, quiet=True).tensors
+    exact_float32(deterministic=True)  # a GPU: "bit for bit" needs deterministic kernels
+    data = [t.to(device()) for t in get_dataset(args.data, quiet=True).tensors]
     sampler = ShardSampler(data[0], world_size, rank, seed=SEED)
     if part == "peer":
         return with_a_peer(current_group(), data, sampler, args.steps)
-    model, opt = build()
-    start, saves = time.perf_counter(), []
+    (model, opt), start, saves = build(), time.perf_counter(), []
     state = load_checkpoint(args.checkpoint_dir, model, opt)
     first = step = state["step"] if state else 0
     if state:

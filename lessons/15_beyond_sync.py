@@ -41,6 +41,10 @@ methods are fragile: stale gradients act like extra momentum (Mitliagkas et al. 
 our runs. Exercise 1 is another cure.
 Figures (loss against steps and wall time, bytes, staleness): the figures' benchmark (README).
 
+CPU only: a parameter server's messages carry tags and are received from whichever worker
+sends first (irecv without a source), which gloo does and NCCL does not: the ranks use gloo and
+CPU tensors wherever they run (and world size 1 is refused: a server needs a worker).
+
 Run:
     python lessons/15_beyond_sync.py                   # 1 server + 2 workers, 150 steps each
     python lessons/15_beyond_sync.py --quick           # 20 steps, a 1000-image test set
@@ -163,7 +167,7 @@ def main():
     steps = args.steps = 20 if args.quick else 150
     # The first steps * GLOBAL_BATCH training images: what every method sees, loaded once here.
     data = TensorDataset(*(t[:steps * GLOBAL_BATCH] for t in get_dataset("auto").tensors))
-    results = launch(run, args.world_size, args, data, backend=args.backend)
+    results = launch(run, args.world_size, args, data, backend=args.backend or "gloo")
     if results is None:
         return
     servers, workers = ps.roles(len(results))

@@ -74,7 +74,7 @@ from dist_sgd.comm import collectives
 from dist_sgd.ddp.ddp import DistributedDataParallel as DDP
 from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.launch import launch, lesson_parser
-from dist_sgd.plumbing.rank import log, under_torchrun
+from dist_sgd.plumbing.rank import device, log, under_torchrun
 from dist_sgd.shard.fsdp import FullyShardedDataParallel as FSDP
 from dist_sgd.comm.counted import Counted
 from dist_sgd.shard.zero import ShardedOptimizer
@@ -86,21 +86,21 @@ FORMULA = {"DDP": lambda n: 16, "ZeRO-1": lambda n: 8 + 8 / n, "ZeRO-2": lambda 
 
 def make_model(width, depth, dtype=torch.float32):
     torch.manual_seed(0)  # the same start on every rank
-    return nn.Sequential(*[nn.Linear(width, width) for _ in range(depth)]).to(dtype)
+    return nn.Sequential(*[nn.Linear(width, width) for _ in range(depth)]).to(device(), dtype)
 
 
 def by_hand(rank, p, width):
     """One weight the FSDP way, with our collectives: keep a piece, gather, compute, reduce."""
-    w = torch.randn(width + 1, width + 1, generator=torch.Generator().manual_seed(0))
+    w = torch.randn(width + 1, width + 1, generator=torch.Generator().manual_seed(0)).to(device())
     size = -(-w.numel() // p)  # ceil(n / p): every piece equal, the last ones padded
-    pad = torch.zeros(size * p - w.numel())
+    pad = torch.zeros(size * p - w.numel(), device=w.device)  # NCCL: on this rank's GPU
     piece = torch.cat([w.flatten(), pad])[rank * size:(rank + 1) * size]  # all a rank keeps
-    pieces = [torch.empty(size) for _ in range(p)]
+    pieces = [torch.empty(size, device=w.device) for _ in range(p)]
     collectives.all_gather(pieces, piece)
     full = torch.cat(pieces)[:w.numel()].view_as(w).requires_grad_()
-    x = torch.randn(4, width + 1, generator=torch.Generator().manual_seed(rank))
+    x = torch.randn(4, width + 1, generator=torch.Generator().manual_seed(rank)).to(w.device)
     (x @ full.T).square().mean().backward()  # after this, `full` could be freed
-    grad, mine = torch.cat([full.grad.flatten(), pad]), torch.empty(size)
+    grad, mine = torch.cat([full.grad.flatten(), pad]), torch.empty(size, device=w.device)
     collectives.reduce_scatter(mine, list(grad.split(size)))  # the sum of piece `rank` only
     everyone = grad.clone()
     dist.all_reduce(everyone)  # DDP's way: every rank gets all of it
@@ -112,7 +112,7 @@ def by_hand(rank, p, width):
 def schemes(rank, world_size, width, depth):
     """Bytes held after two Adam steps (tensor by tensor), and bytes sent in the second."""
     out, counted = {}, Counted()  # a counting all_reduce: DDP's bytes from its collectives
-    x = torch.randn(8, width, generator=torch.Generator().manual_seed(rank))
+    x = torch.randn(8, width, generator=torch.Generator().manual_seed(rank)).to(device())
     for name in FORMULA:
         net = model = make_model(width, depth)
         if name == "DDP":
@@ -149,7 +149,7 @@ def checks(rank, world_size, width, depth):
     opts = {k: torch.optim.Adam(m.parameters(), lr=LR) for k, m in models.items()}
     for step in range(STEPS):  # every rank makes the global batch and takes its own part
         x = torch.randn(4 * world_size, width, generator=torch.Generator().manual_seed(step),
-                        dtype=torch.float64)
+                        dtype=torch.float64).to(device())
         for name, m in models.items():
             opts[name].zero_grad()
             mine = x if name == "one process" else x[4 * rank:4 * rank + 4]

@@ -44,6 +44,9 @@ time out after 10 s: real jobs keep longer ones. Without root (no namespaces) th
 the arithmetic alone on this machine (P ranks, then P-1, then P, through checkpoints) and shows
 the numbers recorded in figures/elastic.csv.
 
+CPU only: the nodes are emulated (network namespaces of this machine) and the job's ranks use
+gloo and CPU tensors, GPUs or not.
+
 Run:
     sudo python lessons/17_elastic.py
     sudo python lessons/17_elastic.py --quick
@@ -126,7 +129,7 @@ def replay(args, folder, schedule):
     here = copy.copy(args)
     here.checkpoint_dir, here.step_time = folder, 0.0
     for here.world_size, here.stop in schedule:
-        launch(run, here.world_size, here)
+        launch(run, here.world_size, here, backend="gloo")
     return final_weights(here, folder)
 
 
@@ -195,7 +198,7 @@ def main():
     args.steps = args.stop = args.steps or (120 if args.quick else 200)
     args.data = get_dataset("auto", quiet=bool(args.checkpoint_dir)).name
     if args.checkpoint_dir or under_torchrun():  # one elastic training run, in a node
-        return launch(run, None, args, timeout=TIMEOUT)
+        return launch(run, None, args, timeout=TIMEOUT, backend="gloo")
     with tempfile.TemporaryDirectory() as tmp:
         log(f"0. the reference: {args.steps} steps at world size {args.world_size}, uninterrupted")
         args.reference = replay(args, f"{tmp}/reference", [(args.world_size, args.steps)])

@@ -55,7 +55,7 @@ from dist_sgd.parallel.tensor import (ColumnParallelLinear, CopyToParallel, Redu
                                       RowParallelLinear)
 from dist_sgd.plumbing.check import check, max_diff
 from dist_sgd.plumbing.launch import launch, lesson_parser
-from dist_sgd.plumbing.rank import log, under_torchrun
+from dist_sgd.plumbing.rank import device, log, under_torchrun
 from dist_sgd.scale.costmodel import STRATEGIES, parallel_bytes
 
 STEPS, LR = 3, 0.1
@@ -87,7 +87,7 @@ class ParallelBlock(nn.Module):
 
     def __init__(self, block, group=None, log=None):
         super().__init__()
-        p, fused = dist.get_world_size(group), nn.Linear(block.d, 3 * block.d).double()
+        p, fused = dist.get_world_size(group), nn.Linear(block.d, 3 * block.d).to(block.o.weight)
         with torch.no_grad():
             for name in ("weight", "bias"):
                 slices = [getattr(getattr(block, n), name).chunk(p) for n in "qkv"]
@@ -128,7 +128,7 @@ def train(model, xs, after_backward=lambda: None):
 
 def by_hand(rank, p, x):  # the MLP, A's columns and B's rows sliced by hand, joined by f and g
     torch.manual_seed(1)
-    a, b = torch.randn(8, 4 * p, dtype=torch.float64), torch.randn(4 * p, 8, dtype=torch.float64)
+    a, b = (torch.randn(*s, dtype=torch.float64).to(x.device) for s in ((8, 4 * p), (4 * p, 8)))
     mine = [t.chunk(p, k)[rank].clone().requires_grad_() for t, k in ((a, 1), (b, 0))]
     y = ReduceFromParallel.apply(F.gelu(CopyToParallel.apply(x, None) @ mine[0]) @ mine[1])
     y.sum().backward()
@@ -141,26 +141,26 @@ def by_hand(rank, p, x):  # the MLP, A's columns and B's rows sliced by hand, jo
 
 def run(rank, p, args):
     d, heads, n = (8, 4, 4) if args.quick else (64, 8, 8)
-    g = torch.Generator().manual_seed(0)
-    xs = [torch.randn(n, 16, d, generator=g, dtype=torch.float64) for _ in range(STEPS)]
+    g, dev = torch.Generator().manual_seed(0), device()  # NCCL: this rank's GPU
+    xs = [torch.randn(n, 16, d, generator=g, dtype=torch.float64).to(dev) for _ in range(STEPS)]
     out = by_hand(rank, p, xs[0][0, :, :8])
-    one, ours = Block(d, heads), ParallelBlock(Block(d, heads), log=(calls := []))
+    one, ours = Block(d, heads).to(dev), ParallelBlock(Block(d, heads).to(dev), log=(calls := []))
     out["block: outputs at every step vs one process"] = max_diff(train(ours, xs), train(one, xs))
     out[f"block: weights after {STEPS} steps vs one process"] = max_diff(ours.full(), one)
     plan = {n: ColwiseParallel() for n in ("q", "k", "v", "fc1")} | {"o": RowwiseParallel(),
                                                                       "fc2": RowwiseParallel()}
-    torch_tp = parallelize_module(Block(d, heads), init_device_mesh("cpu", (p,)), plan)
+    torch_tp = parallelize_module(Block(d, heads).to(dev), init_device_mesh(dev.type, (p,)), plan)
     train(torch_tp, xs)
     out[f"block: weights after {STEPS} steps vs torch's parallelize_module"] = max_diff(
         ours.full(), [t.full_tensor() for t in torch_tp.parameters()])
     if p == 4:  # 2 x 2: tensor parallel within {0, 1} and {2, 3}, data parallel across
         tp = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
         dp = [dist.new_group([0, 2]), dist.new_group([1, 3])][rank % 2]
-        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        mesh = init_device_mesh(dev.type, (2, 2), mesh_dim_names=("dp", "tp"))
         out["mesh: DeviceMesh's groups vs new_group's (1 where one differs)"] = float(any(
             dist.get_process_group_ranks(mesh.get_group(k)) != dist.get_process_group_ranks(v)
             for k, v in (("tp", tp), ("dp", dp))))
-        model = ParallelBlock(Block(d, heads), group=tp)
+        model = ParallelBlock(Block(d, heads).to(dev), group=tp)
 
         def average():  # each replica saw half the batch: the mean of the two means
             for q in model.parameters():

@@ -340,3 +340,36 @@ def test_the_import_walk_finds_every_spelling(tmp_path, source, found):
     path = tmp_path / "lesson.py"
     path.write_text(source)
     assert bench_imports(path) == found
+
+
+# ---- the GPU part: measured only on a GPU; here, that it refuses cleanly and draws -----------
+
+def test_gpu_part_alone_refuses_in_one_line_without_a_gpu(capsys, monkeypatch):
+    from dist_sgd.bench import gpu
+    monkeypatch.setattr(gpu.torch.cuda, "is_available", lambda: False)  # also on a GPU machine
+    assert cli.main(["gpu"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "no CUDA GPU" in err, (out, err)
+
+
+def test_gpu_part_is_skipped_with_its_reason_in_a_run_of_every_part(monkeypatch):
+    from dist_sgd.bench import gpu
+    monkeypatch.setattr(gpu.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(common.Skip, match="no CUDA GPU"):
+        gpu.measure(quick=True)
+
+
+def test_gpu_part_draws_its_figure_from_a_csv_and_names_the_gpu(figures_here, capsys):
+    from dist_sgd.bench import gpu
+    rows = [{"part": "ddp", "what": w, "who": who, "world_size": 1, "backend": "nccl",
+             "bytes": 0, "median_ms": ms, "min_ms": ms, "gpu": "Fake GPU 80GB"}
+            for w in ("Net", "MLP") for who, ms in (("our DDP", 1.2), ("torch DDP", 1.0))]
+    rows += [{"part": "all_reduce", "what": what, "who": who, "world_size": ws, "backend": b,
+              "bytes": n, "median_ms": n / 1e6, "min_ms": n / 1e6, "gpu": "Fake GPU 80GB"}
+             for what, ws, b in (("nccl, 1 rank", 1, "nccl"), ("gloo, 2 ranks", 2, "gloo"))
+             for who in ("ours (ring)", "torch") for n in gpu.SIZES]
+    write_csv("gpu", rows, facts="Fake GPU 80GB, torch 2.11")
+    gpu.report(gpu.load())
+    assert "ours / torch = 1.20x" in capsys.readouterr().out
+    [png] = gpu.draw()
+    assert os.path.getsize(png) > 10_000

@@ -267,6 +267,90 @@ def bench_breaks(source):
     return breaks
 
 
+# ---- every tensor and module a rank hands on is on its device (GPU-readiness, on a CPU) ------
+# Under NCCL a rank computes on cuda:LOCAL_RANK, dist_sgd.plumbing.rank.device(): a CPU tensor
+# handed to a collective there fails ("No backend type associated with device type cpu"), a
+# CPU module in a DDP or FSDP too. Read from the source, so a CPU catches it: a lesson that
+# runs ranks calls device(), and no tensor or module made without device= or .to(...) is
+# handed to a collective or a wrapper. A lesson about CPUs (emulated nodes, gloo's own
+# features) says why in a docstring paragraph starting "CPU only: " and launches on gloo.
+
+COLLECTIVES = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "reduce", "gather",
+               "scatter", "send", "recv", "isend", "irecv", "all_to_all", "all_gather_into_tensor",
+               "reduce_scatter_tensor"}
+WRAPPERS = {"DistributedDataParallel", "FullyShardedDataParallel", "ShardedOptimizer",
+            "ZeroRedundancyOptimizer", "NaiveDDP", "HookDDP", "BucketedDDP", "fully_shard",
+            "PipelineStage", "parallelize_module", "LocalSGD", "ParameterServer", "Worker"}
+FACTORIES = {"zeros", "ones", "empty", "full", "tensor", "arange", "rand", "randn", "randint",
+             "linspace", "eye", "stack", "cat"}
+
+
+def device_breaks(source):
+    """Where a lesson makes a tensor or module for its ranks without placing it on device()."""
+    tree, breaks = ast.parse(source), []
+    cpu_only = "\nCPU only: " in (ast.get_docstring(tree) or "")
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    name = lambda c: getattr(c.func, "id", None) or getattr(c.func, "attr", None)  # noqa: E731
+    runs_ranks = any(name(c) == "launch" for c in calls)
+    if runs_ranks and not cpu_only and not any(name(c) == "device" for c in calls):
+        breaks.append("runs ranks but never calls device() (dist_sgd.plumbing.rank): under "
+                      "NCCL its tensors stay on the CPU; or say why in a 'CPU only:' paragraph")
+    if cpu_only:  # and means it: every launch() on gloo (a --backend flag may still choose)
+        for c in calls:
+            backend = next((k.value for k in c.keywords if k.arg == "backend"), None)
+            last = backend.values[-1] if isinstance(backend, ast.BoolOp) else backend
+            if name(c) == "launch" and getattr(last, "value", None) != "gloo":
+                breaks.append(f"line {c.lineno}: CPU only, but launch() is not on gloo "
+                              "(NCCL where GPUs exist)")
+        return breaks
+    models = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+              and (n.module or "").startswith("dist_sgd.sgd.models") for a in n.names}
+    models |= {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+
+    def made(node):  # a tensor factory or a module constructor
+        if not isinstance(node, ast.Call):
+            return False
+        f = node.func
+        if isinstance(f, ast.Attribute) and getattr(f.value, "id", "") == "torch":
+            return f.attr in FACTORIES and not any(k.arg == "device" for k in node.keywords)
+        if isinstance(f, ast.Attribute) and getattr(f.value, "id", "") == "nn":
+            return f.attr[:1].isupper()
+        return isinstance(f, ast.Name) and f.id in models
+
+    placed = set()  # every call on the way down from a .to(...) / .cuda(): placed
+    for c in calls:
+        if isinstance(c.func, ast.Attribute) and c.func.attr in ("to", "cuda"):
+            node = c.func.value
+            while isinstance(node, (ast.Call, ast.Attribute, ast.Subscript)):
+                placed.add(id(node))
+                node = node.func if isinstance(node, ast.Call) else node.value
+    for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
+        unplaced, moved = {}, set()
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Assign) and made(n.value) and id(n.value) not in placed:
+                for t in n.targets:
+                    for v in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                        if isinstance(v, ast.Name):
+                            unplaced[v.id] = n.lineno
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                    and n.func.attr in ("to", "cuda") and isinstance(n.func.value, ast.Name):
+                moved.add(n.func.value.id)
+        for c in ast.walk(fn):
+            if not isinstance(c, ast.Call) or name(c) not in COLLECTIVES | WRAPPERS:
+                continue
+            for arg in list(c.args) + [k.value for k in c.keywords]:
+                inner = arg.func.value if isinstance(arg, ast.Call) and isinstance(
+                    arg.func, ast.Attribute) and arg.func.attr == "parameters" else arg
+                for a in (inner.elts if isinstance(inner, (ast.List, ast.Tuple)) else [inner]):
+                    if made(a) and id(a) not in placed:
+                        breaks.append(f"line {c.lineno}: {name(c)}() is handed "
+                                      f"{ast.unparse(a)[:40]}, made without device=/.to()")
+                    elif isinstance(a, ast.Name) and a.id in unplaced and a.id not in moved:
+                        breaks.append(f"line {c.lineno}: {name(c)}() is handed {a.id}, made on "
+                                      f"line {unplaced[a.id]} without device=/.to()")
+    return breaks
+
+
 @pytest.mark.parametrize("name", LESSONS)
 def test_no_lesson_takes_its_idea_from_the_benchmarks(name):
     with open(os.path.join(ROOT, "lessons", name)) as f:
@@ -287,3 +371,32 @@ def test_the_bench_rule_catches_each_break():
            "reads nettrain.csv": good + 'a, b = map(read_csv, ("mine", "nettrain"))\n'}
     for what, source in bad.items():
         assert any(what in b for b in bench_breaks(source)), (what, bench_breaks(source))
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_lesson_puts_what_its_ranks_hand_on_on_their_device(name):
+    with open(os.path.join(ROOT, "lessons", name)) as f:
+        breaks = device_breaks(f.read())
+    assert not breaks, f"{name}:\n  " + "\n  ".join(breaks)
+
+
+def test_the_device_rule_catches_each_break():
+    good = ('"""Doc."""\nfrom dist_sgd.plumbing.rank import device\n'
+            'from dist_sgd.sgd.models import Net\n\n\n'
+            'def run(rank, world_size, args):\n'
+            '    t = torch.ones(3, device=device())\n    dist.all_reduce(t)\n'
+            '    model = DistributedDataParallel(Net().to(device()))\n\n\nlaunch(run, 2, None)\n')
+    assert device_breaks(good) == []
+    bad = {"never calls device()": good.replace("device=device()", "").replace(
+               ".to(device())", ""),
+           "handed t, made on line": good.replace(", device=device()", ""),
+           "handed Net()": good.replace("Net().to(device())", "Net()"),
+           "handed torch.zeros": good.replace("dist.all_reduce(t)",
+                                              "dist.all_reduce(torch.zeros(2))")}
+    for what, source in bad.items():
+        assert any(what in b for b in device_breaks(source)), (what, device_breaks(source))
+    cpu_only = good.replace(", device=device()", "").replace(
+        "Doc.", "Doc.\n\nCPU only: emulated nodes.").replace(
+        "(run, 2, None)", "(run, 2, None, backend='gloo')")
+    assert device_breaks(cpu_only) == []
+    assert "not on gloo" in " ".join(device_breaks(cpu_only.replace(", backend='gloo'", "")))

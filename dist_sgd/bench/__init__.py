@@ -13,6 +13,7 @@
                  1-8, time and bytes to accuracy on 4 slow ones
     large_batch  lesson 18: test accuracy vs global batch for 5 lr recipes, noise scale, B_crit
     modelpar     lessons 19-20: data, tensor and pipeline parallelism on 2-4 emulated nodes
+    gpu          on a CUDA GPU: our DDP and all-reduce vs torch's (refuses without one)
 
 Each measurement module has measure(quick) -> rows, report(rows) and draw().
 """

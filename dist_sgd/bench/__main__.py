@@ -6,6 +6,10 @@
     python3 -m dist_sgd.bench allreduce p2p    # only these measurements
     python3 -m dist_sgd.bench --redraw         # every table and PNG from figures/'s CSVs
     sudo python3 -m dist_sgd.bench netscale nettrain netaccuracy   # emulated networks (root)
+    python3 -m dist_sgd.bench gpu --save-figures   # on a CUDA GPU: ours vs torch's (bench/gpu.py)
+
+`gpu` needs a CUDA GPU: without one, asked for alone, it says so in one line and exits with
+code 2 (nothing measured); in a run of every part it is skipped with that reason.
 
 Before it starts it prints what each part will take and its folder; while it runs, a line per
 part with the time left. The times are estimates for a quiet 2-core machine (ESTIMATES in this
@@ -48,6 +52,7 @@ MEASUREMENTS = {
     "netaccuracy": "lesson 10: time and bytes to a test accuracy on 4 slow nodes (root)",
     "large_batch": "lesson 18: test accuracy vs global batch, 5 lr recipes; noise scale, B_crit",
     "modelpar": "lessons 19-20: data, tensor and pipeline parallelism on 2-4 nodes (root)",
+    "gpu": "a CUDA GPU: our DDP and all-reduce vs torch's, NCCL and gloo on CUDA tensors",
 }
 # Minutes each part takes on a quiet 2-core machine: (full size, --quick), then what its parts
 # on emulated nodes add as root (full, --quick). Rough: the first six took 321 s together, the
@@ -61,6 +66,7 @@ ESTIMATES = {
     "nettrain": ((0, 0), (6, 1)), "netaccuracy": ((0, 0), (10, 1)),
     "large_batch": ((15, 1), (0, 0)),
     "modelpar": ((0, 0), (1, 1)),
+    "gpu": ((2, 0.5), (0, 0)),  # on a GPU machine; skipped at once without one
 }
 
 
@@ -148,6 +154,12 @@ def main(argv=None):
     if args.quick and args.save_figures and not args.redraw:
         parser.error("--quick numbers are too rough for figures/: leave out --save-figures")
     names = [n for n in MEASUREMENTS if n in args.what] if args.what else list(MEASUREMENTS)
+    if names == ["gpu"] and not args.redraw:
+        from dist_sgd.bench.gpu import no_gpu
+        if no_gpu():
+            print(f"dist_sgd.bench gpu: {no_gpu()}; run it on a machine with a CUDA GPU",
+                  file=sys.stderr)
+            return 2
 
     out = choose_folder(args.quick, args.save_figures, args.redraw)
     mode = "redraw from CSVs" if args.redraw else ("quick" if args.quick else "full")

@@ -37,6 +37,7 @@ def _train(model, images, labels, rank, steps, batch_size, lr, momentum, seed, c
         model.train()
         losses, times, start = [], [], time.perf_counter()
         for _ in range(steps):
+            # on the CPU: Hogwild's processes share CPU memory
             pick = torch.randint(0, len(images), (batch_size,), generator=g)
             optimizer.zero_grad()  # this process's own gradients: not shared
             loss = F.nll_loss(model(images[pick]), labels[pick])

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from dist_sgd.comm.flat import copy_back, flatten
+from dist_sgd.comm.wire import irecv, isend
 from dist_sgd.plumbing.rank import device
 from dist_sgd.sgd.optim import SGD
 
@@ -135,8 +136,8 @@ class ParameterServer:
         header = torch.tensor([self.version, int(more)], device=self.weights.device)
         works = []
         for w in ranks:
-            works += [dist.isend(header, w, tag=HEADER_TAG),
-                      dist.isend(self.weights.detach(), w, tag=DATA_TAG)]
+            works += [isend(header, w, tag=HEADER_TAG),
+                      isend(self.weights.detach(), w, tag=DATA_TAG)]
         self.bytes_sent += len(ranks) * (header.numel() * header.element_size()
                                          + self.weights.numel() * self.weights.element_size())
         for work in works:
@@ -146,7 +147,7 @@ class ParameterServer:
         """(sender, kind, has_grad) of the next header from worker `src`, or from any worker
         (None). Waits at most `timeout` seconds: a worker that stops talking ends the run, named."""
         header = torch.zeros(2 + self.num_params, dtype=torch.int64, device=self.weights.device)
-        work = dist.irecv(header, src, tag=HEADER_TAG)
+        work = irecv(header, src, tag=HEADER_TAG)
         try:
             work.wait(datetime.timedelta(seconds=self.timeout))
         except RuntimeError as e:
@@ -160,7 +161,7 @@ class ParameterServer:
 
     def _receive_gradient(self, w):
         grad = torch.empty_like(self.weights)
-        dist.recv(grad, w, tag=DATA_TAG)  # sent right behind its header
+        irecv(grad, w, tag=DATA_TAG).wait()  # sent right behind its header
         self.bytes_received += grad.numel() * grad.element_size()
         return grad
 
@@ -229,9 +230,9 @@ class Worker:
         header = torch.tensor([kind, self.steps] + has_grad, dtype=torch.int64, device=device())
         works = []
         for s, (lo, hi) in zip(self.servers, self.bounds):
-            works.append(dist.isend(header, s, tag=HEADER_TAG))
+            works.append(isend(header, s, tag=HEADER_TAG))
             if flat is not None:
-                works.append(dist.isend(flat[lo:hi], s, tag=DATA_TAG))
+                works.append(isend(flat[lo:hi], s, tag=DATA_TAG))
         self.bytes_sent += len(self.servers) * header.numel() * header.element_size()
         if flat is not None:
             self.bytes_sent += flat.numel() * flat.element_size()
@@ -246,8 +247,8 @@ class Worker:
         headers = torch.zeros(len(self.servers), 2, dtype=torch.int64, device=flat.device)
         works = []
         for i, (s, (lo, hi)) in enumerate(zip(self.servers, self.bounds)):
-            works += [dist.irecv(headers[i], s, tag=HEADER_TAG),
-                      dist.irecv(flat[lo:hi], s, tag=DATA_TAG)]
+            works += [irecv(headers[i], s, tag=HEADER_TAG),
+                      irecv(flat[lo:hi], s, tag=DATA_TAG)]
         for work in works:
             work.wait()
         self.bytes_received += flat.numel() * flat.element_size() + headers.numel() * 8

@@ -22,7 +22,7 @@ def flatten(tensors, dtype=None, out=None):
                 v.copy_(t)
         return out
     if not tensors:
-        return torch.empty(0, dtype=dtype or torch.float32)
+        return torch.empty(0, dtype=dtype or torch.float32)  # on the CPU: no tensor, no device
     return torch.cat([t.detach().reshape(-1).to(dtype or t.dtype) for t in tensors])
 
 

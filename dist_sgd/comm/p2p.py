@@ -43,7 +43,8 @@ def ping_pong(sizes_bytes, repeats=10, warmup=2, min_sample_seconds=5e-3):
         raise ValueError(f"sizes_bytes must be positive whole numbers of bytes, "
                          f"got {sizes_bytes!r}")
     buffers = {n: torch.zeros(n, dtype=torch.uint8, device=device()) for n in sizes}
-    payload = {n: torch.arange(n, dtype=torch.int64).remainder(251).to(torch.uint8) for n in sizes}
+    payload = {n: torch.arange(n, dtype=torch.int64, device=device()).remainder(251).to(torch.uint8)
+               for n in sizes}
 
     def round_trips(n, count):
         buf = buffers[n]
@@ -133,7 +134,7 @@ def _exchange_sweep(sizes, seconds, rank):
 
     rows = []
     for n in sizes:
-        mine, theirs = torch.ones(max(n // 4, 1)), torch.empty(max(n // 4, 1))
+        mine, theirs = torch.ones(max(n // 4, 1)), torch.empty(max(n // 4, 1))  # on the CPU: gloo's
 
         def swap(count):
             for _ in range(count):
@@ -143,6 +144,7 @@ def _exchange_sweep(sizes, seconds, rank):
         dist.barrier()
         start = time.perf_counter()
         swap(3)
+        # on the CPU: exchange_cpu measures gloo on CPU tensors
         count = torch.tensor([max(5, round(seconds / max((time.perf_counter() - start) / 3,
                                                          1e-6)))])
         dist.broadcast(count, 0)  # the same number of steps on both ranks

@@ -19,7 +19,7 @@ Every message is still at most one chunk (~n/p), and receives are posted before 
 import torch
 import torch.distributed as dist
 
-from dist_sgd.comm.wire import split
+from dist_sgd.comm.wire import post, split
 
 
 # Big messages travel in segments of SEGMENT_BYTES, so that reducing (and passing on) one
@@ -84,10 +84,7 @@ class SegmentedLink:
         # Receives first (wire.Link.start says why), then the sends.
         n_recv = len(recvs)
         ops = [(dist.irecv, t, src, recv_chunk) for t in recvs] + ops
-        if self.nccl and len(ops) > 1:
-            works = dist.batch_isend_irecv([dist.P2POp(fn, t, peer) for fn, t, peer, _ in ops])
-        else:
-            works = [fn(t, peer) for fn, t, peer, _ in ops]
+        works = post([(fn, t, peer) for fn, t, peer, _ in ops])
         self.sending += [(op[3], work) for op, work in zip(ops[n_recv:], works[n_recv:])]
         return works[:n_recv]
 
@@ -150,7 +147,7 @@ class SegmentedLink:
         catch up; but a buffer must not be overwritten, nor handed back, while a send reads it."""
         if self.queued and (chunk is None or any(op[3] == chunk for op in self.queued)):
             self.queued, ops = [], self.queued
-            works = dist.batch_isend_irecv([dist.P2POp(fn, t, peer) for fn, t, peer, _ in ops])
+            works = post([(fn, t, peer) for fn, t, peer, _ in ops])
             self.sending += [(op[3], work) for op, work in zip(ops, works)]
         keep = []
         for c, work in self.sending:

@@ -7,7 +7,8 @@
 Lesson 03 runs these beside torch's, and they are the course's exercises of the same names
 (the course's `start broadcast` writes yours): torch.distributed's signatures (less group=
 and async_op=), in place like torch's, with the library's argument checks, on contiguous
-tensors like torch's. dist_sgd.comm.collectives runs the same tree and ring (allreduce.py)
+tensors like torch's (on a GPU over gloo: through host copies, wire.through_host).
+dist_sgd.comm.collectives runs the same tree and ring (allreduce.py)
 over wire.Link, which adds what a library needs on the way: the trace, DIST_SGD_VERBOSE, every
 reduce op, non-contiguous tensors and the equal-size check of TORCH_DISTRIBUTED_DEBUG=DETAIL.
 """
@@ -15,10 +16,12 @@ import torch
 import torch.distributed as dist
 
 from dist_sgd.comm.collectives import _check_list, _check_rank, _check_tensor
+from dist_sgd.comm.wire import through_host
 from dist_sgd.plumbing.mine import swap_in
 from dist_sgd.plumbing.rank import world
 
 
+@through_host
 def broadcast(tensor, src):
     """Copy src's tensor into everyone's `tensor`, down a binomial tree: in each round every
     rank that has it sends it on, so the ranks that have it double (ceil(log2 p) rounds)."""
@@ -37,6 +40,7 @@ def broadcast(tensor, src):
     # ---- end of exercise
 
 
+@through_host
 def all_gather(tensor_list, tensor):
     """Everyone's tensor into everyone's tensor_list (entry i from rank i), around a ring."""
     _check_tensor(tensor, "tensor")
@@ -54,6 +58,7 @@ def all_gather(tensor_list, tensor):
     # ---- end of exercise
 
 
+@through_host
 def reduce_scatter(output, input_list):
     """Rank i's output: the sum over every rank of its input_list[i], around a ring. The
     inputs stay as they were."""

@@ -15,9 +15,18 @@ allreduce.py say *what* goes where; a Link only adds what every message needs on
 - receives are posted before sends (see exchange), and on NCCL the two go out as one batch;
 - rendezvous=True (both ends pass it): a message of RENDEZVOUS_BYTES or more is acknowledged
   by its receiver, and the sender's call returns only once that ack is back.
+
+Every point-to-point message of the library goes through post() (or isend / irecv here):
+over NCCL a tensor travels from device to device; over gloo, whose send/recv read only host
+memory (a CUDA tensor there kills the rank: "writev ... Bad address"), a tensor on a GPU is
+staged through a host copy, as torch's own gloo collectives do: a send copies it to the CPU
+first, a receive lands in a CPU buffer that wait() copies onto the device. Code written on
+torch's own send/recv (comm/textbook, a learner's) gets the same by through_host().
 """
+import functools
 import os
 
+import torch
 import torch.distributed as dist
 
 # A send returns once the kernel holds the bytes, not once they arrived: on a 100 Mbit/s link
@@ -45,6 +54,76 @@ def split(n, parts):
     for i in range(parts):
         offsets.append(offsets[-1] + base + (1 if i < extra else 0))
     return offsets
+
+
+def staged(t):
+    """True when `t` must travel through host memory: a tensor off the CPU over gloo (or any
+    backend but NCCL) - gloo's send/recv cannot read device memory."""
+    return t.device.type != "cpu" and dist.get_backend() != "nccl"
+
+
+class _Staged:
+    """A request whose wait() also copies the host buffer a message landed in onto its device
+    (a send's: keeps its host copy alive until then). Anything else: the request's own."""
+
+    def __init__(self, work, host, into=None):
+        self.work, self.host, self.into = work, host, into
+
+    def wait(self, *timeout):
+        done = self.work.wait(*timeout)
+        if self.into is not None:
+            self.into.copy_(self.host)
+        return done
+
+    def __getattr__(self, name):  # is_completed, _source_rank, ...
+        return getattr(self.work, name)
+
+
+def isend(t, peer, tag=0):
+    """dist.isend to global rank `peer`, a tensor off the CPU over gloo staged through a copy."""
+    if staged(t):
+        host = t.detach().to("cpu", copy=True)
+        return _Staged(dist.isend(host, peer, tag=tag), host)
+    return dist.isend(t, peer, tag=tag)
+
+
+def irecv(t, peer, tag=0):
+    """dist.irecv from global rank `peer` (None: any); into `t` once wait() returns."""
+    if staged(t):
+        host = torch.empty(t.shape, dtype=t.dtype)  # on the CPU: the point of it
+        return _Staged(dist.irecv(host, peer, tag=tag), host, t)
+    return dist.irecv(t, peer, tag=tag)
+
+
+def post(ops):
+    """Start every (dist.irecv or dist.isend, tensor, global peer) of `ops`, in order; return
+    their requests. Over NCCL several go out as one batch (batch_isend_irecv: a send and a
+    receive between the same two ranks must be launched together); else one by one."""
+    if dist.get_backend() == "nccl" and len(ops) > 1:
+        return dist.batch_isend_irecv([dist.P2POp(fn, t, peer) for fn, t, peer in ops])
+    return [(irecv if fn is dist.irecv else isend)(t, peer) for fn, t, peer in ops]
+
+
+def through_host(fn):
+    """fn(tensors or lists of tensors, ...) as it is, or, when a tensor needs staging (see
+    staged), run on host copies of them all and the results copied back onto the device."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        flat = [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg])]
+        if not any(isinstance(a, torch.Tensor) and staged(a) for a in flat):
+            return fn(*args, **kwargs)
+        copies = {id(a): a.detach().to("cpu", copy=True) for a in flat
+                  if isinstance(a, torch.Tensor)}
+
+        def host(a):
+            return copies[id(a)] if isinstance(a, torch.Tensor) else a
+        result = fn(*[type(arg)(host(a) for a in arg) if isinstance(arg, (list, tuple))
+                      else host(arg) for arg in args], **kwargs)
+        for a in flat:
+            if isinstance(a, torch.Tensor):
+                a.copy_(copies[id(a)])
+        return result
+    return wrapper
 
 
 class Link:
@@ -98,11 +177,8 @@ class Link:
             self.note("recv", peer, chunk, t)
         for t, peer, chunk in sends:
             self.note("send", peer, chunk, t)
-        ops = [(dist.irecv, t, self.glob(peer)) for t, peer, _ in recvs] + \
-            [(dist.isend, t, self.glob(peer)) for t, peer, _ in sends]
-        if self.nccl and len(ops) > 1:
-            return dist.batch_isend_irecv([dist.P2POp(fn, t, peer) for fn, t, peer in ops])
-        return [fn(t, peer) for fn, t, peer in ops]
+        return post([(dist.irecv, t, self.glob(peer)) for t, peer, _ in recvs] +
+                    [(dist.isend, t, self.glob(peer)) for t, peer, _ in sends])
 
     def exchange(self, send, dst, recv, src, send_chunk=None, recv_chunk=None, rendezvous=False):
         """Receive into `recv` from src while sending `send` to dst; return when both are done

@@ -260,7 +260,7 @@ def start_q(state, index, matrices, buffer):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(state.rng.randint(1_000_000_000))
             for q in qs:
-                q.copy_(torch.randn(*q.shape, dtype=buffer.dtype))
+                q.copy_(torch.randn(*q.shape, dtype=buffer.dtype))  # on the CPU: as torch's
     for q in qs:  # a warm start: last step's Q, averaged: a better start than a random one
         orthogonalize(q, state.orthogonalization_epsilon)
     return p_flat, q_flat, ps, qs

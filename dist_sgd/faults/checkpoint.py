@@ -16,6 +16,8 @@ per rank (the random generators) comes back only at the same world size (full_mo
 and reseed's docstrings). A checkpoint that does not fit or is damaged is refused on every
 rank before anything changes (_refusal's). The files themselves, written atomically and
 checked against their checksums: checkpoint_files.py.
+Across devices: files are read with map_location="cpu" and copied into the model's and
+optimizer's own tensors wherever they live: saved on GPUs, loaded on a CPU, and back.
 """
 import copy
 import hashlib

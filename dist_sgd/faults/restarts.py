@@ -45,9 +45,9 @@ def plain_worker(ckpt_dir, steps=STEPS, every=EVERY):
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     path = os.path.join(ckpt_dir, "state.pt")
     step, total = torch.load(path) if os.path.exists(path) else \
-        (0, torch.zeros(1000, dtype=torch.float64))
+        (0, torch.zeros(1000, dtype=torch.float64))  # on the CPU: a gloo job by design
     while step < steps:
-        t = torch.full((1000,), float(step + 1), dtype=torch.float64)
+        t = torch.full((1000,), float(step + 1), dtype=torch.float64)  # on the CPU: gloo's
         time.sleep(STEP_S)  # the step's compute: a killer watching the progress gets its chance
         dist.all_reduce(t)
         total, step = total + t / size, step + 1

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from dist_sgd.comm.collectives import all_gather
+from dist_sgd.comm.wire import irecv, isend
 from dist_sgd.parallel.pipeline_meter import Meter
 from dist_sgd.plumbing.mine import swap_in
 from dist_sgd.plumbing.rank import world
@@ -69,10 +70,10 @@ class PipelineStage:
         self.is_first, self.is_last = stage_index == 0, stage_index == num_stages - 1
 
     def send(self, t, to):
-        return dist.isend(t.contiguous(), self.ranks[self.stage_index + to])
+        return isend(t.contiguous(), self.ranks[self.stage_index + to])  # wire: gloo + GPU
 
     def recv(self, t, frm):
-        dist.irecv(t, self.ranks[self.stage_index + frm]).wait()
+        irecv(t, self.ranks[self.stage_index + frm]).wait()
         return t
 
 

@@ -121,13 +121,13 @@ class ColumnParallelLinear(nn.Module):
     (False: leave them split, for a RowParallelLinear with input_is_parallel=True)."""
 
     def __init__(self, in_features, out_features, bias=True, gather_output=True, group=None,
-                 log=None, dtype=None):
+                 log=None, dtype=None, device=None):
         super().__init__()
         self.rank, self.size = world("ColumnParallelLinear", group)
         self.group, self.gather_output, self.log = group, gather_output, log
         local = _share(out_features, "out_features", self.size)
-        self.weight = nn.Parameter(torch.empty(local, in_features, dtype=dtype))
-        self.bias = nn.Parameter(torch.zeros(local, dtype=dtype)) if bias else None
+        self.weight = nn.Parameter(torch.empty(local, in_features, dtype=dtype, device=device))
+        self.bias = nn.Parameter(torch.zeros(local, dtype=dtype, device=device)) if bias else None
 
     def forward(self, x):
         # ---- exercise parallel_linear: f, this rank's slice of y, gathered if gather_output
@@ -138,7 +138,7 @@ class ColumnParallelLinear(nn.Module):
     @classmethod
     def from_linear(cls, linear, gather_output=True, group=None, log=None):
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
-                    gather_output, group, log, linear.weight.dtype)
+                    gather_output, group, log, linear.weight.dtype, linear.weight.device)
         with torch.no_grad():
             # ---- exercise parallel_linear: this rank's rows of the weight and of the bias
             layer.weight.copy_(linear.weight.chunk(layer.size, dim=0)[layer.rank])
@@ -154,13 +154,14 @@ class RowParallelLinear(nn.Module):
     added once. input_is_parallel=False: x is whole, and each rank takes its slice first."""
 
     def __init__(self, in_features, out_features, bias=True, input_is_parallel=False,
-                 group=None, log=None, dtype=None):
+                 group=None, log=None, dtype=None, device=None):
         super().__init__()
         self.rank, self.size = world("RowParallelLinear", group)
         self.group, self.input_is_parallel, self.log = group, input_is_parallel, log
         local = _share(in_features, "in_features", self.size)
-        self.weight = nn.Parameter(torch.empty(out_features, local, dtype=dtype))
-        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
+        self.weight = nn.Parameter(torch.empty(out_features, local, dtype=dtype, device=device))
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype,
+                                                     device=device)) if bias else None
 
     def forward(self, x):
         # ---- exercise parallel_linear: x's slice unless input_is_parallel, partial sums, g, bias
@@ -173,7 +174,7 @@ class RowParallelLinear(nn.Module):
     @classmethod
     def from_linear(cls, linear, input_is_parallel=False, group=None, log=None):
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
-                    input_is_parallel, group, log, linear.weight.dtype)
+                    input_is_parallel, group, log, linear.weight.dtype, linear.weight.device)
         with torch.no_grad():
             # ---- exercise parallel_linear: this rank's columns of the weight; the whole bias
             layer.weight.copy_(linear.weight.chunk(layer.size, dim=1)[layer.rank])

@@ -39,3 +39,20 @@ def check(what, diff, tolerance):
     if not diff <= tolerance:  # also catches NaN
         raise AssertionError(f"check failed: {line}")
     return line
+
+
+def exact_float32(deterministic=False):
+    """Float32 on a GPU as a comparison tuned on a CPU expects it; nothing changes on a CPU.
+
+    TF32 off: on Ampere and later GPUs cuDNN's convolutions (and, if allowed, matmuls) round
+    their inputs to 10-bit mantissas by default, which moved lesson 09's gradients by 2.44e-04
+    on an H200 against a tolerance of 1e-05 (lesson 09 teaches it). deterministic=True: torch's
+    deterministic algorithms too (warn_only: an op without one warns), since a 'bit for bit'
+    check on a GPU holds only with them (atomics sum in a different order each run)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if deterministic and torch.cuda.is_available():
+        import os
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's deterministic mode
+        torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True, warn_only=True)

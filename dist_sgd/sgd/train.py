@@ -48,7 +48,7 @@ def evaluate(model, dataset, batch_size=1000, loss_fn=F.nll_loss):
     model.eval()  # dropout off: the test score must not depend on random masks
     dev = device()
     sums = torch.zeros(3, dtype=torch.float64, device=dev)  # loss sum, correct, count
-    mine = torch.arange(rank, len(dataset), world_size)
+    mine = torch.arange(rank, len(dataset), world_size)  # on the CPU: indices into the dataset
     for chunk in mine.split(batch_size):
         if isinstance(dataset, TensorDataset):
             data, target = dataset[chunk]  # one gather, not one call per item

@@ -343,10 +343,13 @@ class FullyShardedDataParallel(nn.Module):
         whole = [p.grad for p in self.parameters() if id(p) not in pieces and p.grad is not None]
         grads = sharded + whole
         dtype = grads[0].dtype if grads else torch.get_default_dtype()
+        dev = grads[0].device if grads else next(self.parameters()).device  # a GPU's: NCCL's
         norm = lambda ts: torch.stack([torch.linalg.vector_norm(t, norm_type)  # noqa: E731
-                                       for t in ts]) if ts else torch.zeros(0, dtype=dtype)
+                                       for t in ts]) if ts else torch.zeros(0, dtype=dtype,
+                                                                            device=dev)
         if math.isinf(norm_type):  # the largest over ranks: gather every rank's largest
-            mine = torch.cat([norm(sharded), torch.zeros(1, dtype=dtype)]).max().reshape(1)
+            mine = torch.cat([norm(sharded), torch.zeros(1, dtype=dtype, device=dev)]
+                             ).max().reshape(1)
             every = [torch.empty_like(mine) for _ in range(self.world_size)]
             self.comm.start("all_gather", every, mine).wait()
             total = torch.cat(every + [norm(whole)]).max()

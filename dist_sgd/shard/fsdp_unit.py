@@ -16,7 +16,7 @@ from dist_sgd.plumbing.mine import swap_in
 
 def itemsize(dtype):
     """Bytes per element of dtype (4 for float32, 2 for bfloat16)."""
-    return torch.empty(0, dtype=dtype).element_size()
+    return torch.empty(0, dtype=dtype).element_size()  # on the CPU: only its size is read
 
 
 class _Memory:

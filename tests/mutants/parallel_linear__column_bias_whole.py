@@ -7,9 +7,10 @@ Written as changes to the reference (dist_sgd/course/skeleton.reference)."""
 CAUGHT_BY = "from_linear: a column layer keeps its rows, a row layer its columns and the bias"
 HINT = "each rank adds its slice of the bias to its slice"
 PATCH = [
-    ("        self.bias = nn.Parameter(torch.zeros(local, dtype=dtype)) if bias else None\n",
-     "        self.bias = nn.Parameter(torch.zeros(out_features,"
-     " dtype=dtype)) if bias else None\n"),
+    ("        self.bias = nn.Parameter(torch.zeros(local, dtype=dtype, device=device))"
+     " if bias else None\n",
+     "        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device))"
+     " if bias else None\n"),
     ("                layer.bias.copy_(linear.bias.chunk(layer.size)[layer.rank])\n",
      "                layer.bias.copy_(linear.bias)\n"),
 ]

@@ -8,8 +8,10 @@ Written as changes to the reference (dist_sgd/course/skeleton.reference)."""
 CAUGHT_BY = "from_linear: a column layer keeps its rows, a row layer its columns and the bias"
 HINT = "a column-parallel layer splits the outputs: rows of nn.Linear's (out, in) weight"
 PATCH = [
-    ("        self.weight = nn.Parameter(torch.empty(local, in_features, dtype=dtype))\n",
-     "        self.weight = nn.Parameter(torch.empty(in_features, local, dtype=dtype))  # A\n"),
+    ("        self.weight = nn.Parameter(torch.empty(local, in_features, dtype=dtype,"
+     " device=device))\n",
+     "        self.weight = nn.Parameter(torch.empty(in_features, local, dtype=dtype,"
+     " device=device))  # A\n"),
     ("        y = F.linear(CopyToParallel.apply(x, self.group, self.log),"
      " self.weight, self.bias)\n",
      "        y = CopyToParallel.apply(x, self.group, self.log) @ self.weight + self.bias\n"),
