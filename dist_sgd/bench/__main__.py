@@ -11,12 +11,8 @@
 `gpu` needs a CUDA GPU: without one, asked for alone, it says so in one line and exits with
 code 2 (nothing measured); in a run of every part it is skipped with that reason.
 
-Before it starts it prints what each part will take and its folder; while it runs, a line per
-part with the time left. The times are estimates for a quiet 2-core machine (ESTIMATES in this
-file), printed beside what each part took at the end. Without root the parts on emulated nodes
-(network namespaces, dist_sgd.scale.cluster) are skipped with the reason: about 30 minutes in
-all at full size (large_batch's curve 15 of them). As root they add about 39 more: netscale
-~15, netaccuracy ~10, nettrain ~6, modelpar ~1, and the links of cluster, compress and fsdp.
+It prints what each part will take (ESTIMATES, for a quiet 2-core machine) and a line per
+part as it runs. Without root the parts on emulated nodes are skipped with the reason.
 
 Where it writes, and what each measurement module provides: main()'s docstring.
 """

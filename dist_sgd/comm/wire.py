@@ -7,21 +7,14 @@ allreduce.py say *what* goes where; a Link only adds what every message needs on
     link.exchange(mine, right, inbox, left)  # receive from left while sending to right
     link.send(t, dst) / link.recv(t, src)    # one direction only
 
-- the trace: every message sent is appended, as a dict, to the caller's `trace` list
-  {"algorithm", "phase", "step", "src", "dst", "chunk", "numel", "nbytes"} (lesson 04's table
-  and GIF are drawn from it);
-- DIST_SGD_VERBOSE=1 prints every send and receive:
-  `[rank 1] send -> peer 2 chunk 0 (8 bytes)  [ring reduce-scatter step 0]`;
-- receives are posted before sends (see exchange), and on NCCL the two go out as one batch;
-- rendezvous=True (both ends pass it): a message of RENDEZVOUS_BYTES or more is acknowledged
-  by its receiver, and the sender's call returns only once that ack is back.
+The trace (every message as a dict, for lesson 04's table and GIF), DIST_SGD_VERBOSE=1 (every
+send and receive printed), receives posted before sends, rendezvous=True: see Link.
 
-Every point-to-point message of the library goes through post() (or isend / irecv here):
-over NCCL a tensor travels from device to device; over gloo, whose send/recv read only host
-memory (a CUDA tensor there kills the rank: "writev ... Bad address"), a tensor on a GPU is
-staged through a host copy, as torch's own gloo collectives do: a send copies it to the CPU
-first, a receive lands in a CPU buffer that wait() copies onto the device. Code written on
-torch's own send/recv (comm/textbook, a learner's) gets the same by through_host().
+Every point-to-point message of the library goes through post() (or isend / irecv here): over
+NCCL from device to device; over gloo, whose send/recv read only host memory ("writev ... Bad
+address" on a CUDA tensor), a GPU tensor is staged through a host copy, as torch's own gloo
+collectives do. Code on torch's own send/recv (comm/textbook, a learner's) gets it by
+through_host().
 """
 import functools
 import os
@@ -128,7 +121,15 @@ def through_host(fn):
 
 class Link:
     """One collective call's wire to its peers. Made afresh for every call (no module state):
-    it reads DIST_SGD_VERBOSE then and appends to the caller's `trace` list, if any."""
+    it reads DIST_SGD_VERBOSE then and appends to the caller's `trace` list, if any.
+
+    - the trace: every message sent is appended, as a dict, to `trace`: {"algorithm", "phase",
+      "step", "src", "dst", "chunk", "numel", "nbytes"} (lesson 04's table and GIF);
+    - DIST_SGD_VERBOSE=1 prints every send and receive:
+      `[rank 1] send -> peer 2 chunk 0 (8 bytes)  [ring reduce-scatter step 0]`;
+    - receives are posted before sends (see exchange), and on NCCL the two go out as one batch;
+    - rendezvous=True (both ends pass it): a message of RENDEZVOUS_BYTES or more is acknowledged
+      by its receiver, and the sender's call returns only once that ack is back."""
 
     def __init__(self, algorithm, trace=None, group=None):
         # Peers are ranks in `group`; messages go over the default group to their global

@@ -14,10 +14,9 @@ Every rank calls both (they are collective when a process group exists). On disk
 What is shared is saved whole, in one process's layout, so any world size loads it; what is
 per rank (the random generators) comes back only at the same world size (full_model_state's
 and reseed's docstrings). A checkpoint that does not fit or is damaged is refused on every
-rank before anything changes (_refusal's). The files themselves, written atomically and
-checked against their checksums: checkpoint_files.py.
-Across devices: files are read with map_location="cpu" and copied into the model's and
-optimizer's own tensors wherever they live: saved on GPUs, loaded on a CPU, and back.
+rank before anything changes (_refusal's). Files are read with map_location="cpu" and copied
+into the model's and optimizer's tensors wherever they live: saved on GPUs, loaded on a CPU,
+and back. The files, written atomically and checked against checksums: checkpoint_files.py.
 """
 import copy
 import hashlib
