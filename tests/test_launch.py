@@ -583,3 +583,29 @@ def test_work_on_the_helper_thread_finishes_before_the_rank_leaves_its_group(tmp
     assert launch(_slow_sum_on_the_helper_thread, 2, str(tmp_path)) == [0, 1]
     sums = sorted(p.read_text() for p in tmp_path.iterdir())
     assert sums == ["3.0", "3.0"], sums
+
+
+# ---- the end of a process that started its ranks itself -------------------------------------
+# tests/exit_trigger.py: rank 0 returns with our all-reduce in flight (its callback pending on
+# torch's Future) and its process ends, under torch.multiprocessing.spawn and under torchrun;
+# without the library's exit handler this aborts every time (SIGABRT).
+TRIGGER = os.path.join(ROOT, "tests", "exit_trigger.py")
+
+
+def _ends_normally(cmd):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    output = proc.stdout + proc.stderr
+    assert "terminate called" not in output and proc.returncode == 0, output[-3000:]
+    assert proc.stdout.count("returns") == 2, output[-3000:]
+
+
+def test_no_abort_at_exit_with_our_work_in_flight_under_torch_multiprocessing_spawn():
+    _ends_normally([sys.executable, TRIGGER])
+
+
+def test_no_abort_at_exit_with_our_work_in_flight_under_torchrun():
+    _ends_normally([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc-per-node", "2", TRIGGER])

@@ -11,10 +11,14 @@ this module keeps one order anyway:
   returned as a torch.futures.Future, for torch's dist.all_reduce and for a hand-written,
   blocking one such as dist_sgd.comm.collectives.all_reduce (on one shared helper thread).
 - settle(timeout): wait until none of the above still runs: every start in order has issued
-  all it will, the helper thread has run every all-reduce given to it. launch() calls it in
-  every rank before the rank leaves its group (a collective cut off by the group's end fails
-  on its thread, or leaves that thread running into the process's end).
+  all it will, the helper thread has run every all-reduce given to it, every callback of ours
+  on torch's futures has run. launch() calls it in every rank before the rank leaves its group;
+  at exit it runs too, whoever started the ranks (torch.multiprocessing.spawn, torchrun): a
+  callback of ours left pending into the interpreter's teardown aborts the process
+  ("terminate called without an active exception") when its collective completes there.
 """
+import atexit
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +41,7 @@ from dist_sgd.plumbing.launch import before_leaving
 _tail = torch.futures.Future()  # done when the last start queued has issued all it will
 _tail.set_result(None)
 _tail_lock = threading.Lock()
+_used = False  # whether this process started anything here (the exit has work only then)
 _starting = threading.local()  # set while a start runs: an in_order call inside it is part of it
 
 
@@ -49,7 +54,8 @@ def in_order(start, later=True):
     plain all-reduce), so the next may follow at once and plain buckets still overlap.
     A call made while a start is running (a hook that orders itself, inside our DDP's chain)
     runs at once: it is part of that start."""
-    global _tail
+    global _tail, _used
+    _used = True
     if getattr(_starting, "active", False):
         return start()
     result, issued = torch.futures.Future(), torch.futures.Future()
@@ -106,9 +112,12 @@ def start_all_reduce(tensor, all_reduce=None):
     default group: it runs on the shared helper thread, and backward goes on meanwhile
     (torch's kernels and our send/recv release the GIL).
     """
+    global _used
+    _used = True
     if all_reduce is None or all_reduce is dist.all_reduce:
         work = dist.all_reduce(tensor, async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0])
+        _callbacks.begin()
+        return work.get_future().then(_first_tensor)
     future = torch.futures.Future()
 
     def run():
@@ -121,6 +130,38 @@ def start_all_reduce(tensor, all_reduce=None):
 
     _shared_launcher().submit(run)
     return future
+
+
+def _first_tensor(fut):
+    """all_reduce's Future holds a list of tensors: its one tensor (counted as run)."""
+    try:
+        return fut.value()[0]
+    finally:
+        _callbacks.end()
+
+
+class _Pending:
+    """How many of our callbacks on torch's futures have yet to run (settle waits for 0)."""
+
+    def __init__(self):
+        self.count, self.zero = 0, threading.Condition()
+
+    def begin(self):
+        with self.zero:
+            self.count += 1
+
+    def end(self, value=None):
+        with self.zero:
+            self.count -= 1
+            self.zero.notify_all()
+        return value
+
+    def wait(self, timeout):
+        with self.zero:
+            return self.zero.wait_for(lambda: self.count == 0, timeout)
+
+
+_callbacks = _Pending()
 
 
 @before_leaving
@@ -137,6 +178,8 @@ def settle(timeout=None):
     tail.add_done_callback(lambda _: chained.set())  # at once if done already
     if not chained.wait(left()):
         raise TimeoutError("the collectives started in order had not all been issued")
+    if not _callbacks.wait(left()):
+        raise TimeoutError("an all-reduce started by start_all_reduce had not finished")
     with _launcher_lock:
         launcher = _launcher
     if launcher is not None:
@@ -144,3 +187,25 @@ def settle(timeout=None):
             launcher.submit(lambda: None).result(left())
         except FutureTimeout:
             raise TimeoutError("the helper thread was still running an all-reduce") from None
+        except RuntimeError:  # at exit: the thread was joined already, its jobs all run
+            pass
+
+
+EXIT_TIMEOUT = 60.0  # seconds the end of the process waits for our work still in flight
+
+
+@atexit.register
+def _settle_at_exit():
+    """At the interpreter's exit (after Python's threads were joined, before its teardown): let
+    our callbacks still pending on torch's futures run now, while Python can still run them.
+    A callback that signalled us may still be on its way out of Python on torch's thread: a
+    group left up is destroyed here too, which joins its threads (the group ends at exit
+    anyway; one the script destroyed itself has no thread left)."""
+    if not _used:
+        return
+    try:
+        settle(EXIT_TIMEOUT)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as error:  # noqa: BLE001 - reported, never raised at exit
+        print(f"warning: work still in flight at exit: {error}", file=sys.stderr, flush=True)
