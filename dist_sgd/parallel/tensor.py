@@ -30,14 +30,20 @@ __all__ = ["CopyToParallel", "ReduceFromParallel", "GatherFromParallel", "Scatte
 
 
 def _log(log, x, op, pass_):
-    """One all-reduce of x, noted in `log` (a list, or None: not counted)."""
+    """One all-reduce of x, noted in `log` (a list, or None: not counted). f and g call it once
+    each, right after their all-reduce, with the tensor all-reduced: g in its forward,
+    _log(log, x, "g", "forward"); f in its backward, _log(ctx.log, grad, "f", "backward").
+    Lesson 20 counts the entries ({"op", "pass", "bytes"}) per pass."""
     if log is not None:
         log.append({"op": op, "pass": pass_, "bytes": x.numel() * x.element_size()})
 
 
 class CopyToParallel(torch.autograd.Function):
     """f: every rank gets x as it is; in backward each rank holds the gradient of its own
-    slice's contribution only, so the gradients are summed over the ranks."""
+    slice's contribution only, so the gradients are summed over the ranks of `group` (None:
+    all of them). Backward's incoming gradient is autograd's (the caller's v in y.backward(v),
+    or shared with x's other uses): sum a copy, never it in place. After the all-reduce, note
+    it: _log(ctx.log, summed, "f", "backward")."""
 
     @staticmethod
     def forward(ctx, x, group=None, log=None):
@@ -57,8 +63,10 @@ class CopyToParallel(torch.autograd.Function):
 
 
 class ReduceFromParallel(torch.autograd.Function):
-    """g: the ranks' partial sums added up in forward; the gradient of a sum reaches each
-    term unchanged, so backward passes it through."""
+    """g: the ranks' partial sums (over `group`; None: every rank) added up in forward, into a
+    new tensor (x stays as it is); the gradient of a sum reaches each term unchanged, so
+    backward passes it through. After the all-reduce, note it: _log(log, summed, "g",
+    "forward")."""
 
     @staticmethod
     def forward(ctx, x, group=None, log=None):
