@@ -126,7 +126,11 @@ def _share(n, what, size):
 class ColumnParallelLinear(nn.Module):
     """y = x W^T + b with W's rows (the outputs) split: rank r holds out_features / p of them
     and computes its slice of y with no message. gather_output=True all-gathers the slices
-    (False: leave them split, for a RowParallelLinear with input_is_parallel=True)."""
+    (False: leave them split, for a RowParallelLinear with input_is_parallel=True).
+
+    x: (..., in_features), any leading dimensions (a transformer's (batch, sequence, width)).
+    bias=False leaves self.bias None. x goes through f with the layer's group and log,
+    CopyToParallel.apply(x, self.group, self.log), so x's gradient is summed over the group."""
 
     def __init__(self, in_features, out_features, bias=True, gather_output=True, group=None,
                  log=None, dtype=None):
@@ -159,7 +163,13 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """y = x W^T + b with W's columns (the inputs) split: rank r multiplies its slice of x by
     its in_features / p columns, a partial sum; g adds the partial sums, then the bias is
-    added once. input_is_parallel=False: x is whole, and each rank takes its slice first."""
+    added once. input_is_parallel=False: x is whole, and each rank takes its slice first
+    with ScatterToParallel (whose backward all-gathers the slices' gradients, so x's gradient
+    is whole on every rank).
+
+    x: (..., in_features, or its slice), any leading dimensions. bias=False leaves self.bias
+    None. The partial sums go through g with the layer's group and log,
+    ReduceFromParallel.apply(partial, self.group, self.log)."""
 
     def __init__(self, in_features, out_features, bias=True, input_is_parallel=False,
                  group=None, log=None, dtype=None):
