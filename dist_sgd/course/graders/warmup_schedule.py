@@ -54,7 +54,8 @@ def _wrong(step, peak, warmup, start, decay, wrong, milestones=(), gamma=0.1, to
         return peak * (step / warmup if wrong == "start" else start + (1 - start) * step / warmup)
     t = step if wrong == "clock" else step - warmup
     if decay == "step":
-        return peak * gamma ** sum(1 for m in milestones if (m < t if wrong == "strict" else m <= t))
+        passed = [m < t if wrong == "strict" else m <= t for m in milestones]
+        return peak * gamma ** sum(passed)
     if decay == "cosine":
         period = total_steps if wrong == "period" else total_steps - warmup
         t, low = min(t, period) if wrong == "clamp" else t, 0.0 if wrong == "eta_min" else eta_min
