@@ -23,7 +23,7 @@ def _x(ctx):
 @grader.case("f: identity forward, the ranks' gradients summed backward")
 def f_case(ctx):
     """f leaves x as it is going forward and sums the ranks' gradients coming back (an all-reduce
-    in backward only)."""
+    in backward only); y.backward(v) leaves the caller's v as it was."""
     x = _x(ctx).requires_grad_()
     y = ctx.call(ctx.impl.CopyToParallel.apply, x, None)
     ctx.expect_close(y, x.detach(), "f(x)", atol=0, hints=[SWAPPED, "f's forward sends nothing"])
