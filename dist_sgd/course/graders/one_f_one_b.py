@@ -8,7 +8,9 @@ import torch.nn.functional as F
 from dist_sgd.course.grade import Grader
 from dist_sgd.parallel import pipeline as P
 
-grader = Grader("one_f_one_b")
+grader = Grader("one_f_one_b", error_hints={
+    "KeyError": "the pipeline looked up a micro-batch this stage holds no forward for: a backward "
+                "ran before its forward (or twice); the order case names the first wrong step"})
 
 
 def _make():
