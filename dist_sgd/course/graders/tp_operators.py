@@ -118,8 +118,8 @@ def noted(ctx):
                ["call _log(log, tensor, op, pass_) once after each all-reduce: in g's forward "
                 "_log(log, x, \"g\", \"forward\"), in f's backward _log(ctx.log, grad, \"f\", "
                 "\"backward\") (keep log from forward on ctx)"])
-    ctx.expect(all(e.get("bytes") == x.numel() * 8 for e in log),
-               f"log's bytes are {[e.get('bytes') for e in log]}, expected {x.numel() * 8} each "
+    ctx.expect(all(isinstance(e, dict) and e.get("bytes") == x.numel() * 8 for e in log),
+               f"log holds {log}, expected {x.numel() * 8} bytes in each entry "
                "(the all-reduced tensor's)")
 
 
