@@ -94,6 +94,21 @@ def test_a_clean_failure_on_every_rank_goes_on_in_the_same_group():
     assert all(r["refuses"].anywhere for r in out)
 
 
+def test_a_clean_failure_before_the_group_broke_is_kept_as_a_failure():
+    # The course's one_f_one_b: the order case failed cleanly on every rank, the group went
+    # on, and the pipeline case broke it: the order case must not read as passed.
+    clean = CleanFailures()
+    clean.add("passes", passes)
+    clean.add("refuses", every_rank_refuses)
+    clean.add("dies", dies_on_rank_1)
+    with pytest.raises(GroupBroke) as error:
+        clean.run(2, ["passes", "refuses", "dies"], stop=True, timeout=5, backend="gloo")
+    assert error.value.started == ["passes", "refuses", "dies"]
+    assert set(error.value.earlier) == {"refuses"}, error.value.earlier
+    assert all("refused before sending" in f for f in error.value.earlier["refuses"].values())
+    assert set(error.value.earlier["refuses"]) == {0, 1}
+
+
 def test_a_broken_group_names_the_case_it_was_in():
     broken = Cases()
     broken.add("passes", passes)

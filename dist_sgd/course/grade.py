@@ -293,7 +293,7 @@ def run_grader(name, impl, world_sizes=None, titles=None, on_result=None, timeou
                        for title in todo if title in out[0]]
             except GroupBroke as error:
                 started = error.started
-                ran = [Result(t, ws, True) for t in started[:-1]]
+                ran = [_finished(t, ws, error.earlier.get(t)) for t in started[:-1]]
                 ran.append(_from_rank_error(grader, started[-1] if started else todo[0],
                                             ws, error))
             todo = todo[len(ran):]
@@ -308,6 +308,15 @@ def run_grader(name, impl, world_sizes=None, titles=None, on_result=None, timeou
                 if stop_at_first and not result.ok:
                     return _in_order(found, wanted)
     return _in_order(found, wanted)
+
+
+def _finished(title, ws, failures):
+    """A case every rank finished before its group broke at a later one: passed, or failed
+    on every rank cleanly (the group went on), with the first rank's failure."""
+    if not failures:
+        return Result(title, ws, True)
+    line, hints = failures[min(failures)]
+    return Result(title, ws, False, line, list(hints))
 
 
 def _from_outcomes(name, ws, title, outcomes):

@@ -352,7 +352,8 @@ ENTRIES = (
          "Never reduce autograd's tensor in place: all_reduce a clone (or .contiguous().clone()). "
          "backward returns one gradient per forward argument: (grad, None, None).",
          "f: forward returns x.view_as(x); backward: g2 = grad.clone(); all_reduce(g2, "
-         "group=ctx.group); return g2, None, None. g: the same two, the other way round."),
+         "group=ctx.group); _log(ctx.log, g2, \"f\", \"backward\"); return g2, None, None. "
+         "g: the same two, the other way round, noted as _log(log, y, \"g\", \"forward\")."),
         world_sizes=(1, 2, 3, 4)),
     Exercise(
         "parallel_linear", "20", "dist_sgd.parallel.tensor",
@@ -369,6 +370,7 @@ ENTRIES = (
          "(ScatterToParallel); F.linear without the bias gives a partial sum; g adds them up. "
          "Add the bias after g: added before, it would count p times.",
          "from_linear: weight.chunk(p, dim=0)[rank] for a column layer, chunk(p, dim=1)[rank] "
-         "for a row layer, copied under torch.no_grad()."),
+         "for a row layer, copied under torch.no_grad(). Pass self.group and self.log on to "
+         "f and g; a layer built with bias=False has self.bias None."),
         world_sizes=(1, 2, 3, 4)),
 )

@@ -21,8 +21,19 @@ from dist_sgd.plumbing.mine import swap_in
 
 
 class LARS(torch.optim.Optimizer):
-    """Tensors with one dimension (biases, BatchNorm's weights) take no trust ratio and no weight
-    decay, as is usual (their norms say little and decaying them only hurts): v <- m v + lr x g.
+    """Per tensor w with gradient g, options from the tensor's param group, velocity v in
+    self.state[w]["velocity"] (zeros at first, carried from step to step):
+
+        tensors with two or more dimensions (matrices, kernels):
+            trust = trust_coefficient |w| / (|g| + weight_decay |w| + eps), or 1 where |w| or |g|
+                    is 0 (a layer of zeros must still move)
+            v <- momentum v + lr trust (g + weight_decay w);  w <- w - v
+        tensors with one dimension: plain momentum SGD, no trust ratio and no weight decay:
+            v <- momentum v + lr g;  w <- w - v
+        a tensor whose .grad is None: no step, its velocity kept. p.grad is left as it is.
+
+    Tensors with one dimension (biases, BatchNorm's weights) take no trust ratio and no weight
+    decay, as is usual (their norms say little and decaying them only hurts).
     Unlike torch's SGD, the velocity carries the learning rate: when lr changes (warmup, decay),
     old velocity keeps the old rate, which is what the paper (and Goyal's momentum correction
     discussion) describe. torch has no LARS; this one takes torch's optimizer interface

@@ -23,7 +23,13 @@ from dist_sgd.plumbing.mine import swap_in
 
 def two_batch_estimates(small_sq, big_sq, b_small, b_big):
     """(|G|^2, tr(Sigma)), unbiased, from squared gradient norms at batch sizes b_small <
-    b_big."""
+    b_big.
+
+    small_sq and big_sq: floats, or tensors of the same shape (one pair per element): the
+    result is of the same kind, computed element by element, the caller's tensors left as they
+    are. Neither estimate is clipped: where a term is small next to the noise its unbiased
+    estimate comes out negative about as often as not (NoiseScale averages them).
+    """
     if not 0 < b_small < b_big:
         raise ValueError(f"need 0 < b_small < b_big, got b_small={b_small}, b_big={b_big}: "
                          "with one batch size the signal and the noise cannot be told apart")

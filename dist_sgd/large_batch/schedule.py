@@ -49,6 +49,8 @@ def lr_at(step, peak_lr, warmup_steps=0, start_factor=1.0, decay="none", milesto
       "step":   peak_lr x gamma ** (number of milestones <= t)
       "cosine": eta_min + (peak_lr - eta_min) (1 + cos(pi t / T)) / 2, T = total_steps -
                 warmup_steps (CosineAnnealingLR's T_max; past T it rises again, as torch's does)
+      "none":   peak_lr
+    warmup_steps = 0: no warmup, t = step from the start (never divide by warmup_steps then).
     """
     _check(warmup_steps, start_factor, decay, milestones, gamma, total_steps)
     # ---- exercise warmup_schedule: the rate at `step`: the warmup, then the decay's

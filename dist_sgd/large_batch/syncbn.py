@@ -26,7 +26,13 @@ def _channels_last_2d(x):
 
 
 def global_moments(x2d, eps):
-    """(mean, biased var, invstd, count) per channel over every rank's rows."""
+    """(mean, biased var, invstd, count) per channel over every rank's rows.
+
+    x2d: this rank's rows (local batches may differ in size), one column per channel. mean,
+    var (biased: divided by the global count, as BatchNorm normalizes) and invstd = 1 /
+    sqrt(var + eps) are tensors of one value per channel, in x2d's dtype; count is the global
+    number of rows as a one-element tensor of x2d's dtype (forward saves it for backward and
+    passes it to global_means). Every rank returns the same values; x2d is left as it is."""
     # ---- exercise SyncBatchNorm: mean, variance, 1/std and count over every rank's rows
     count = torch.full((1,), x2d.shape[0], dtype=x2d.dtype, device=x2d.device)
     stats = torch.cat([x2d.sum(0), (x2d * x2d).sum(0), count])
@@ -40,7 +46,10 @@ def global_moments(x2d, eps):
 
 
 def global_means(dy2d, xhat2d, n):
-    """mean(dy) and mean(dy xhat) per channel over every rank's rows (backward's all-reduce)."""
+    """mean(dy) and mean(dy xhat) per channel over every rank's rows (backward's all-reduce).
+
+    n: the count global_moments returned (a one-element tensor). dy2d and xhat2d are left as
+    they are: backward uses dy2d again after this."""
     # ---- exercise SyncBatchNorm: the global means of dy and of dy * xhat
     sums = torch.cat([dy2d.sum(0), (dy2d * xhat2d).sum(0)])
     dist.all_reduce(sums)

@@ -30,14 +30,20 @@ __all__ = ["CopyToParallel", "ReduceFromParallel", "GatherFromParallel", "Scatte
 
 
 def _log(log, x, op, pass_):
-    """One all-reduce of x, noted in `log` (a list, or None: not counted)."""
+    """One all-reduce of x, noted in `log` (a list, or None: not counted). f and g call it once
+    each, right after their all-reduce, with the tensor all-reduced: g in its forward,
+    _log(log, x, "g", "forward"); f in its backward, _log(ctx.log, grad, "f", "backward").
+    Lesson 20 counts the entries ({"op", "pass", "bytes"}) per pass."""
     if log is not None:
         log.append({"op": op, "pass": pass_, "bytes": x.numel() * x.element_size()})
 
 
 class CopyToParallel(torch.autograd.Function):
     """f: every rank gets x as it is; in backward each rank holds the gradient of its own
-    slice's contribution only, so the gradients are summed over the ranks."""
+    slice's contribution only, so the gradients are summed over the ranks of `group` (None:
+    all of them). Backward's incoming gradient is autograd's (the caller's v in y.backward(v),
+    or shared with x's other uses): sum a copy, never it in place. After the all-reduce, note
+    it: _log(ctx.log, summed, "f", "backward")."""
 
     @staticmethod
     def forward(ctx, x, group=None, log=None):
@@ -57,8 +63,10 @@ class CopyToParallel(torch.autograd.Function):
 
 
 class ReduceFromParallel(torch.autograd.Function):
-    """g: the ranks' partial sums added up in forward; the gradient of a sum reaches each
-    term unchanged, so backward passes it through."""
+    """g: the ranks' partial sums (over `group`; None: every rank) added up in forward, into a
+    new tensor (x stays as it is); the gradient of a sum reaches each term unchanged, so
+    backward passes it through. After the all-reduce, note it: _log(log, summed, "g",
+    "forward")."""
 
     @staticmethod
     def forward(ctx, x, group=None, log=None):
@@ -118,7 +126,11 @@ def _share(n, what, size):
 class ColumnParallelLinear(nn.Module):
     """y = x W^T + b with W's rows (the outputs) split: rank r holds out_features / p of them
     and computes its slice of y with no message. gather_output=True all-gathers the slices
-    (False: leave them split, for a RowParallelLinear with input_is_parallel=True)."""
+    (False: leave them split, for a RowParallelLinear with input_is_parallel=True).
+
+    x: (..., in_features), any leading dimensions (a transformer's (batch, sequence, width)).
+    bias=False leaves self.bias None. x goes through f with the layer's group and log,
+    CopyToParallel.apply(x, self.group, self.log), so x's gradient is summed over the group."""
 
     def __init__(self, in_features, out_features, bias=True, gather_output=True, group=None,
                  log=None, dtype=None, device=None):
@@ -151,7 +163,13 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """y = x W^T + b with W's columns (the inputs) split: rank r multiplies its slice of x by
     its in_features / p columns, a partial sum; g adds the partial sums, then the bias is
-    added once. input_is_parallel=False: x is whole, and each rank takes its slice first."""
+    added once. input_is_parallel=False: x is whole, and each rank takes its slice first
+    with ScatterToParallel (whose backward all-gathers the slices' gradients, so x's gradient
+    is whole on every rank).
+
+    x: (..., in_features, or its slice), any leading dimensions. bias=False leaves self.bias
+    None. The partial sums go through g with the layer's group and log,
+    ReduceFromParallel.apply(partial, self.group, self.log)."""
 
     def __init__(self, in_features, out_features, bias=True, input_is_parallel=False,
                  group=None, log=None, dtype=None, device=None):

@@ -48,11 +48,14 @@ class CaseFailed(Exception):
 class GroupBroke(RankError):
     """A RankError, and the cases that had started when it came (in order; the last one was
     running): started[:-1] finished on every rank. reported: {rank: its own failure in the
-    last one}, from the ranks that got past it before the group broke (see own_failure)."""
+    last one}, from the ranks that got past it before the group broke (see own_failure).
+    earlier: {key: {rank: failure}} for the cases of started[:-1] that failed on every rank
+    cleanly (see clean()), the group going on: the others held."""
 
-    def __init__(self, error, started, reported=None):
+    def __init__(self, error, started, reported=None, earlier=None):
         super().__init__(error.rank, str(error), error.tracebacks)
         self.started, self.reported = started, dict(reported or {})
+        self.earlier = dict(earlier or {})
 
 
 def key_of(name, values=None):
@@ -165,8 +168,10 @@ class Cases:
             except RankError as error:
                 with open(progress) as f:
                     started = [keys[int(line)] for line in f.read().split()]
-                raise GroupBroke(error, started, _reported(progress, len(started) - 1,
-                                                           world_size)) from None
+                failed = _recorded(progress, world_size)
+                raise GroupBroke(error, started, failed.get(len(started) - 1, {}),
+                                 {keys[i]: by_rank for i, by_rank in failed.items()
+                                  if i < len(started) - 1}) from None
 
     def results(self, world_size):
         """Every case at world_size, run once (the group is launched on the first call)."""
@@ -188,17 +193,21 @@ class Cases:
         assert not failures, "\n".join(failures)
 
 
-def _reported(progress, index, world_size):
-    """{rank: failure} that ranks wrote for case number `index` before comparing notes."""
+def _recorded(progress, world_size):
+    """{case number: {rank: failure}} that ranks wrote before comparing notes, one line each."""
     found = {}
     for rank in range(world_size):
         try:
             with open(f"{progress}.{rank}") as f:
-                i, failure = json.load(f)
-        except (OSError, ValueError):
+                lines = f.read().splitlines()
+        except OSError:
             continue
-        if i == index:
-            found[rank] = failure
+        for line in lines:
+            try:
+                i, failure = json.loads(line)
+            except ValueError:  # a line cut short as the group broke
+                continue
+            found.setdefault(i, {})[rank] = failure
     return found
 
 
@@ -212,9 +221,9 @@ def _run_group(rank, world_size, cases, keys, args, stop, progress):
                 f.write(f"{i}\n")
         failure, value = cases.attempt(key, rank, world_size, shared)
         anywhere, clean = failure is not None, True
-        if stop and cases.own_failure(failure):  # read if the group breaks before the notes
-            with open(f"{progress}.{rank}", "w") as f:
-                json.dump([i, failure], f)
+        if stop and cases.own_failure(failure):  # read if the group breaks later
+            with open(f"{progress}.{rank}", "a") as f:
+                f.write(json.dumps([i, failure]) + "\n")
         if stop:
             everyone = [None] * world_size
             try:

@@ -1,7 +1,7 @@
 """Every forward, then every backward: GPipe's order, not 1F1B's. The same gradients, but
 each stage holds all m micro-batches instead of at most p."""
 
-CAUGHT_BY = "the order on every stage, m = p and m = p + 3"
+CAUGHT_BY = "the order on every stage, step by step, m = 1, p and p + 3"
 HINT = "the warm-up shrinks along the pipeline, p - 1 - s on stage s"
 
 

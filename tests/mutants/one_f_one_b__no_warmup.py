@@ -5,7 +5,7 @@ stages before the last run p - 1 - s forwards ahead before the first backward.
 
 Written as changes to the reference (dist_sgd/course/skeleton.reference)."""
 
-CAUGHT_BY = "the order on every stage, m = p and m = p + 3"
+CAUGHT_BY = "the order on every stage, step by step, m = 1, p and p + 3"
 HINT = "stage s must run ahead of the later stages by p - 1 - s forwards"
 PATCH = [
     ("    warmup = min(num_stages - 1 - stage_index, n_microbatches)\n",

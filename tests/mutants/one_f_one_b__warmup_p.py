@@ -4,7 +4,7 @@ forwards nobody has sent while the first waits on its backward: a deadlock).
 
 Written as changes to the reference (dist_sgd/course/skeleton.reference)."""
 
-CAUGHT_BY = "the order on every stage, m = p and m = p + 3"
+CAUGHT_BY = "the order on every stage, step by step, m = 1, p and p + 3"
 HINT = "the warm-up shrinks along the pipeline, p - 1 - s on stage s"
 PATCH = [
     ("    warmup = min(num_stages - 1 - stage_index, n_microbatches)\n",

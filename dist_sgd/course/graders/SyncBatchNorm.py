@@ -8,7 +8,6 @@ import torch.nn as nn
 
 from dist_sgd.course.grade import Grader
 
-grader = Grader("SyncBatchNorm")
 TOL = 1e-10
 HINTS = {
     "moments": "means and variances do not add up across ranks, sums do: all-reduce the sums "
@@ -17,7 +16,19 @@ HINTS = {
              "by the local one or by the world size",
     "means": "both of backward's means are over the global batch: all-reduce the sums of dy "
              "and of dy * xhat, then divide by the global count",
+    "unbiased": "this is the unbiased variance (divided by n - 1): BatchNorm normalizes with the "
+                "biased one, sum(x^2) / n - mean^2 (the module makes running_var unbiased itself)",
+    "eps": "invstd = 1 / sqrt(var + eps): eps goes inside the root, where it keeps a constant "
+           "channel from dividing by 0",
+    "type": "count is a tensor of one element in x's dtype (the all-reduced count itself): "
+            "forward saves it for backward and hands it to global_means",
+    "in_place": "global_means leaves dy2d and xhat2d as they are (backward uses dy2d again "
+                "after it): compute dy2d * xhat2d into a new tensor, never with mul_",
+    "formula": "over the global batch: mean = sum(x) / n, var = sum(x^2) / n - mean^2 (biased), "
+               "invstd = rsqrt(var + eps), with the sums and n all-reduced",
 }
+grader = Grader("SyncBatchNorm", error_hints={"'int' object has no attribute": HINTS["type"],
+                                              "save_for_backward can only save": HINTS["type"]})
 
 
 def _data(ctx, channels=5, seed=0):
@@ -38,21 +49,46 @@ def _scaled(got, expected):
                 and not torch.isclose(ratio[0], torch.ones((), dtype=ratio.dtype), rtol=1e-9))
 
 
+def _fits(got, expected):
+    return torch.is_tensor(got) and got.shape == expected.shape and bool(
+        torch.allclose(got.double(), expected, rtol=1e-9, atol=1e-12))
+
+
+def _moment_hints(got, x, sizes):
+    """The hints for (mean, var, invstd) read off what they equal instead: a count scaled by
+    one factor, the ranks' own moments averaged, the unbiased variance, eps outside the root."""
+    mean, var = x.mean(0), x.var(0, unbiased=False)
+    parts = x.split(sizes)
+    if _scaled(got[0], mean):
+        return [HINTS["count"]]
+    averaged = sum(q.mean(0) for q in parts) / len(parts), sum(
+        q.var(0, unbiased=False) for q in parts) / len(parts)
+    if any(_fits(g, a) and not _fits(a, e) for g, a, e in zip(got, averaged, (mean, var))):
+        return [HINTS["moments"]]
+    if _fits(got[1], x.var(0, unbiased=True)):
+        return [HINTS["unbiased"]]
+    if _fits(got[1], var) and _fits(got[2], torch.rsqrt(var)):
+        return [HINTS["eps"]]
+    return [HINTS["formula"]]
+
+
 @grader.case("global_moments on uneven local batches (3, 1, 4, 2 rows)")
 def moments(ctx):
-    """global_moments on local batches of different sizes: the global count, mean and second
-    moment, equal on every rank to one process's over the whole batch."""
+    """global_moments on local batches of different sizes: the global mean, biased variance,
+    invstd and count (a one-element tensor of x's dtype), equal on every rank to one process's
+    over the whole batch."""
     x, _, mine = _data(ctx)
     got = ctx.call(ctx.impl.global_moments, x[mine].clone(), 1e-5)
     ctx.expect(isinstance(got, tuple) and len(got) == 4,
                "expected (mean, var, invstd, count)")
     mean, var = x.mean(0), x.var(0, unbiased=False)
-    # A wrong count scales every channel's mean by the same factor (n / the count used); a
-    # wrong combination (means or variances averaged) does not.
-    hints = [HINTS["count"] if _scaled(got[0], mean) else HINTS["moments"]]
+    hints = _moment_hints(got, x, [(3, 1, 4, 2)[r] for r in range(ctx.world_size)])
     ctx.expect_close(got[0], mean, "the mean", atol=TOL, hints=hints)
     ctx.expect_close(got[1], var, "the (biased) variance", atol=TOL, hints=hints)
     ctx.expect_close(got[2], torch.rsqrt(var + 1e-5), "invstd", atol=TOL, hints=hints)
+    ctx.expect(torch.is_tensor(got[3]) and got[3].numel() == 1 and got[3].dtype == x.dtype,
+               f"count is {got[3]!r}, expected a one-element tensor of dtype {x.dtype}",
+               [HINTS["type"]])
     ctx.expect(float(got[3]) == len(x), f"count {float(got[3])}, expected {len(x)} (the "
                "global batch)", [HINTS["count"]])
 
@@ -64,11 +100,27 @@ def means(ctx):
     x, dy, mine = _data(ctx, seed=1)
     xhat = (x - x.mean(0)) * torch.rsqrt(x.var(0, unbiased=False) + 1e-5)
     n = torch.tensor(float(len(x)), dtype=torch.float64)
-    got = ctx.call(ctx.impl.global_means, dy[mine].clone(), xhat[mine].clone(), n)
+    mine_dy, mine_xhat = dy[mine].clone(), xhat[mine].clone()
+    got = ctx.call(ctx.impl.global_means, mine_dy, mine_xhat, n)
     ctx.expect(isinstance(got, tuple) and len(got) == 2, "expected (mean_dy, mean_dy_xhat)")
+    ctx.expect(torch.equal(mine_dy, dy[mine]) and torch.equal(mine_xhat, xhat[mine]),
+               "global_means changed its dy2d or xhat2d", [HINTS["in_place"]])
     ctx.expect_close(got[0], dy.mean(0), "mean(dy)", atol=TOL, hints=[HINTS["means"]])
     ctx.expect_close(got[1], (dy * xhat).mean(0), "mean(dy * xhat)", atol=TOL,
                      hints=[HINTS["means"]])
+
+
+def _output_hints(y, x, mine):
+    """The hint for a wrong output (weight 1, bias 0) read off what it equals: BatchNorm with
+    the unbiased variance, or with this rank's own statistics."""
+    dims = (0, 2, 3)
+    for var, hint in ((x.var(dims, unbiased=True, keepdim=True), "unbiased"),
+                      (x[mine].var(dims, unbiased=False, keepdim=True), "moments")):
+        centre = x.mean(dims, keepdim=True) if hint == "unbiased" else \
+            x[mine].mean(dims, keepdim=True)
+        if _fits(y, ((x - centre) * torch.rsqrt(var + 1e-5))[mine]):
+            return [HINTS[hint]]
+    return [HINTS["formula"]]
 
 
 @grader.case("SyncBatchNorm on these pieces vs BatchNorm2d on the global batch, 2 steps",
@@ -93,7 +145,7 @@ def module(ctx):
             y = ctx.call(ours, xl)
             ctx.call((y * w[mine]).sum().backward)
             ctx.expect_close(y.detach(), expected[mine].detach(), f"step {step}: the output",
-                             atol=TOL, hints=[HINTS["moments"]])
+                             atol=TOL, hints=_output_hints(y.detach(), x, mine))
             ctx.expect_close(xl.grad, xg.grad[mine], f"step {step}: the input's gradient",
                              atol=TOL, hints=[HINTS["means"]])
         ctx.expect_close(ours.running_var, ref.running_var, "running_var after 2 steps",

@@ -8,7 +8,9 @@ import torch.nn.functional as F
 from dist_sgd.course.grade import Grader
 from dist_sgd.parallel import pipeline as P
 
-grader = Grader("one_f_one_b")
+grader = Grader("one_f_one_b", error_hints={
+    "KeyError": "the pipeline looked up a micro-batch this stage holds no forward for: a backward "
+                "ran before its forward (or twice); the order case names the first wrong step"})
 
 
 def _make():
@@ -16,37 +18,60 @@ def _make():
     return nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(6, 6), nn.Tanh())]).double()
 
 
-@grader.case("the order on every stage, m = p and m = p + 3")
+def _rules(s, p, m):
+    """The one list the rules allow on stage s of p with m micro-batches."""
+    w = min(p - 1 - s, m)
+    pairs = [a for i in range(m - w) for a in (("F", w + i), ("B", i))]
+    return [("F", i) for i in range(w)] + pairs + [("B", i) for i in range(m - w, m)]
+
+
+def _why(step, k, s, p, m, forwards, backwards):
+    """The hint for the first wrong step, read off what ran before it on stage s."""
+    at, (kind, i) = f"stage {s}, step {k}: ", step
+    if not 0 <= i < m:
+        return at + f"{kind} {i}, but there are m = {m} micro-batches: the warm-up is " \
+                    "min(p - 1 - s, m) forwards, never more than m"
+    if kind == "B" and i not in forwards:
+        return at + f"B {i} runs before F {i}: a micro-batch's backward needs its forward " \
+                    "(on the last stage too: F i, then B i)"
+    if kind == "B" and i != len(backwards):
+        return at + f"B {i} where B {len(backwards)} is next: backwards run in the forwards' " \
+                    "order, first in, first out (the drain at the end too)"
+    if kind == "F" and i != len(forwards):
+        return at + f"F {i} where F {len(forwards)} is next: forwards run in order"
+    if kind == "F":
+        return at + f"holding {len(forwards) - len(backwards) + 1} micro-batches, more than " \
+                    f"p - s = {p - s}: the warm-up shrinks along the pipeline, p - 1 - s on stage s"
+    return at + "a backward before the warm-up is done: stage s must run ahead of the later " \
+                "stages by p - 1 - s forwards"
+
+
+@grader.case("the order on every stage, step by step, m = 1, p and p + 3")
 def order(ctx):
-    """Every stage's list: each micro-batch forward once and backward once, in order; p - 1 - s
-    warm-up forwards on stage s (never more held than p - s); then one forward, one backward."""
+    """Every stage's list, step by step: micro-batch i's forward before its backward, forwards and
+    backwards each in micro-batch order (the drain too), each once; min(p - 1 - s, m) warm-up
+    forwards on stage s (never more than p - s held), then one forward and one backward in turn
+    while forwards remain, then the backwards left. The first wrong step is named."""
     p = ctx.world_size
     for s in range(p):
-        for m in (p, p + 3):
+        for m in sorted({1, p, p + 3}):
             got = ctx.call(ctx.impl.one_f_one_b, s, p, m)
             where = f"stage {s} of {p}, m = {m}"
-            ctx.expect(isinstance(got, list) and all(isinstance(a, tuple) and len(a) == 2 and
-                                                     a[0] in "FB" for a in got),
-                       f"{where}: got {got!r}, expected a list of (\"F\", i) and (\"B\", i)")
-            fs, bs = [i for k, i in got if k == "F"], [i for k, i in got if k == "B"]
-            ctx.expect(fs == list(range(m)) and bs == list(range(m)),
-                       f"{where}: forwards {fs}, backwards {bs}; expected 0..{m - 1} each once, "
-                       "in order")
-            held, peak = 0, 0
-            for kind, _ in got:
-                held += 1 if kind == "F" else -1
-                peak = max(peak, held)
-            before = [k for k, _ in got].index("B")
-            ctx.expect(before == min(p - s, m),
-                       f"{where}: {before} forwards before the first backward, expected "
-                       f"{min(p - s, m)} (p - 1 - s warm-ups, then one)",
-                       [f"holding {peak} micro-batches, more than p - s = {p - s}: the warm-up "
-                        "shrinks along the pipeline, p - 1 - s on stage s"] if peak > p - s
-                       else ["stage s must run ahead of the later stages by p - 1 - s forwards"])
-            steady = got[before - 1:2 * m - (before - 1)]
-            ctx.expect([k for k, _ in steady] == ["F", "B"] * (len(steady) // 2),
-                       f"{where}: after the warm-up the order is {steady}, expected one "
-                       "forward, one backward, in turn, until the forwards are done")
+            ctx.expect(isinstance(got, list) and all(
+                isinstance(a, tuple) and len(a) == 2 and a[0] in ("F", "B") and
+                isinstance(a[1], int) for a in got),
+                f"{where}: got {got!r}, expected a list of (\"F\", i) and (\"B\", i)")
+            expected, forwards, backwards = _rules(s, p, m), [], []
+            for k, step in enumerate(got):
+                if k >= len(expected) or step != expected[k]:
+                    ctx.fail(f"{where}: step {k} is {step}, expected "
+                             f"{expected[k] if k < len(expected) else 'the end'}",
+                             [_why(step, k, s, p, m, forwards, backwards)])
+                (forwards if step[0] == "F" else backwards).append(step[1])
+            ctx.expect(len(got) == len(expected),
+                       f"{where}: the list ends after {len(got)} steps, expected {len(expected)} "
+                       f"(next: {expected[len(got):][:1]})",
+                       [f"stage {s}: each micro-batch runs forward once and backward once"])
 
 
 @grader.case("two steps of a 1F1B pipeline: gradients and weights of one process")
