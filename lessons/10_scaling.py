@@ -112,7 +112,7 @@ def show(r, where):
         log(check(f"all_reduce ({algorithm}) vs torch.distributed.all_reduce", diff, 1e-5))
     alpha, beta = costmodel.fit_link(r["pp"])  # loopback's big messages may show no slope
     log(f"\n--- {where}, {p} ranks: ping-pong fit alpha = {alpha * 1e6:.0f} us, 1/beta = "
-        f"{8 / beta / 1e6:.0f} Mbit/s ---")
+        + (f"{8 / beta / 1e6:.0f} Mbit/s ---" if beta > 0 else "too fast to resolve ---"))
     for n, t in r["allreduce"].items():
         model = {a: costmodel.predict_all_reduce(MODEL_OF.get(a, a), n, p, alpha, beta)
                  for a in t}  # gloo's all-reduce is a ring
