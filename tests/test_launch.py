@@ -523,6 +523,41 @@ def test_the_watch_tells_a_sleeping_process_from_a_working_one():
         working.kill()
 
 
+def _rank_sum(rank, world_size):
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    return t.item()
+
+
+def test_a_store_port_taken_before_rank_0_binds_it_is_tried_again_on_another(monkeypatch):
+    # Between the launcher's pick and rank 0's bind another process may take the port (an
+    # outgoing connection, another job's store): no rank got past the rendezvous, so launch
+    # starts again on a new port instead of failing.
+    import socket
+
+    from dist_sgd.plumbing import rendezvous
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    picks = iter([taken.getsockname()[1]])
+    monkeypatch.setattr(launcher, "free_port",
+                        lambda: next(picks, None) or rendezvous.free_port())
+    try:
+        assert launch(_rank_sum, 2) == [3.0, 3.0]
+        assert next(picks, "used") == "used", "the taken port was tried first"
+    finally:
+        taken.close()
+
+
+def test_the_stores_port_is_picked_below_the_kernels_ephemeral_range():
+    from dist_sgd.plumbing import rendezvous
+    low = rendezvous._ephemeral_low()
+    if low is None:
+        pytest.skip("no /proc/sys/net/ipv4/ip_local_port_range here")
+    assert all(low - rendezvous.PORTS_BELOW_EPHEMERAL <= rendezvous.free_port() < low
+               for _ in range(20))
+
+
 @pytest.mark.parametrize("stall", [0, -2])
 def test_a_non_positive_stall_is_a_value_error(stall):
     with pytest.raises(ValueError, match="stall"):

@@ -39,6 +39,7 @@ from dist_sgd.plumbing.torchrun import _finished_peers, _run_here  # noqa: F401
 
 # Lessons and tests never need more than this for one operation; real jobs pass their own.
 DEFAULT_TIMEOUT = float(os.environ.get("DIST_SGD_TIMEOUT", 120))
+PORT_RETRIES = 2  # new ports tried when the store's was taken before rank 0 bound it
 START_METHODS = ("forkserver", "spawn")  # "fork" would copy this process's torch state
 # torchrun's per-process variables: describe *its* job, so they are not passed on to ours.
 _LAUNCHER_VARS = ("GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE")
@@ -154,15 +155,23 @@ def launch(fn, world_size=None, *args, backend=None, init_method="env",
     backend = backend or default_backend(world_size)
     if stall is not None and not watch.available():
         timeout, stall = min(timeout, stall), None
-    for attempt in range(max_restarts + 1):
+    attempt, port_taken = 0, 0
+    while True:
         try:
             return _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt,
                           deadline, stall)
         except RankError as e:
+            # Another process took the store's port between our pick and rank 0's bind: no
+            # rank got past the rendezvous, so starting again on a new port changes nothing.
+            tb = e.tracebacks.get(e.rank) or ""
+            if "EADDRINUSE" in tb and "in _init\n" in tb and port_taken < PORT_RETRIES:
+                port_taken += 1
+                continue
             if attempt == max_restarts:
                 raise
+            attempt += 1
             print(f"launch: {str(e).splitlines()[0]}; restarting all {world_size} ranks "
-                  f"(restart {attempt + 1} of {max_restarts})", file=sys.stderr, flush=True)
+                  f"(restart {attempt} of {max_restarts})", file=sys.stderr, flush=True)
 
 
 def _spawn(fn, world_size, args, backend, init_method, timeout, threads, attempt, deadline=None,

@@ -16,8 +16,9 @@ _BUSY = set("RD")  # running or runnable; in the kernel on the rank's behalf (a 
 # gloo's network thread wakes every 10 ms to poll, deadlock or not: its state says nothing, only
 # the CPU time it spends (moving a message) does.
 _POLLERS = ("gloo_tcp_loop",)
-WORK_NS = 2e6  # CPU or run-queue time, per sample, above which a rank's threads worked
-POLL_SHARE = 0.01  # the share of the time a poller spends on a core above which it moves data
+WORK_NS = 2e6  # a rank's CPU or run-queue time, per sample, above which its threads worked
+POLL_SHARE = 0.03  # a poller's share of the time on a core above which it moves data (idle:
+# 100 wake-ups a second, well under 1%; moving a message: most of a core)
 TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
 
 
@@ -31,10 +32,10 @@ def _read(path):
 
 
 def _sample(pid):
-    """(busy: a thread runs or waits for a core, work ns, poll ns) of process pid; None once
-    it has ended. Work: the threads' time on a core and waiting for one (schedstat); poll: the
-    pollers' time on a core."""
-    busy, work, poll = False, 0, 0
+    """(busy: a thread runs or waits for a core, work ns, poll ns, pollers) of process pid;
+    None once it has ended. Work: the threads' time on a core and waiting for one (schedstat);
+    poll: the pollers' time on a core."""
+    busy, work, poll, pollers = False, 0, 0, 0
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -52,10 +53,11 @@ def _sample(pid):
             continue
         if name in _POLLERS:
             poll += on_core
+            pollers += 1
         else:
             busy |= fields[0] in _BUSY
             work += on_core + queued
-    return busy, work, poll
+    return busy, work, poll, pollers
 
 
 class Stall:
@@ -67,7 +69,7 @@ class Stall:
         self.seconds, self.since, self.last = seconds, None, None
 
     def stalled(self, pids):
-        now, busy, work, poll = time.monotonic(), False, 0, 0
+        now, busy, work, poll, pollers = time.monotonic(), False, 0, 0, 0
         for pid in pids:
             seen = _sample(pid)
             if seen is None:  # ended: the launcher reads how, next round
@@ -76,10 +78,11 @@ class Stall:
             busy |= seen[0]
             work += seen[1]
             poll += seen[2]
+            pollers += seen[3]
         if self.last is not None:
             then, was_work, was_poll = self.last
-            busy |= abs(work - was_work) > WORK_NS or \
-                abs(poll - was_poll) > POLL_SHARE * (now - then) * 1e9
+            busy |= abs(work - was_work) > WORK_NS * len(pids) or \
+                abs(poll - was_poll) > POLL_SHARE * (now - then) * 1e9 * max(pollers, 1)
         else:
             busy = True
         self.last = (now, work, poll)
