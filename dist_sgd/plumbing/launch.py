@@ -62,6 +62,7 @@ def _child(fn, rank, world_size, args, backend, url, timeout, threads, env, conn
     torch.set_num_threads(threads)  # one process per rank: more threads only fight for cores
     try:
         _init(rank, world_size, backend, timeout, url=url)
+        conn.send_bytes(pickle.dumps(("started",)))  # from here on, a rank asleep is waiting
         result = _run_fn(fn, rank, world_size, args)
         # Results travel as plain pickles (copies): torch's shared-memory tensors would vanish
         # with this process. A value pickle cannot copy is no failure (mp.spawn and torchrun
@@ -203,7 +204,7 @@ class Ranks:
     and dist_sgd.faults.peer_recovery, which replaces one that dies, too."""
 
     def __init__(self):
-        self.ctx, self.procs, self.conns = _context(), {}, {}
+        self.ctx, self.procs, self.conns, self.started = _context(), {}, {}, set()
 
     def start(self, rank, target, *args):
         """Start target(*args, conn) as `rank`'s process; conn is its end of the pipe, where it
@@ -213,6 +214,7 @@ class Ranks:
         p.start()
         there.close()
         self.procs[rank], self.conns[rank] = p, here
+        self.started.discard(rank)
 
     def wait(self, ranks, timeout):
         """Wait up to `timeout` seconds for any of `ranks` to report or end. Returns {rank:
@@ -232,7 +234,9 @@ class Ranks:
                     closed = True
                 except Exception as e:  # noqa: BLE001 - a result this process cannot unpickle
                     msg = ("ok", None, f"cannot be unpickled here: {e}")
-            if msg is not None:
+            if msg == ("started",):  # in its group: see _collect's stall
+                self.started.add(r)
+            elif msg is not None:
                 out[r] = msg
             elif closed or not self.procs[r].is_alive():
                 if not closed and self.conns[r].poll():
@@ -272,7 +276,9 @@ def _collect(ranks, end=None, stall=None):
                                "loop, or waiting for a message no peer sends?)", "")
             deadline = time.monotonic()
             break
-        if stall is not None and not failures and \
+        # Only ranks in their group count: before, one may sleep waiting for this process
+        # (its arguments, on a busy machine) or for a peer's store, which is no deadlock.
+        if stall is not None and not failures and pending <= ranks.started and \
                 stall.stalled([ranks.procs[r].pid for r in pending]):
             ranks.stop()
             raise RankError(min(pending), stalled_message(sorted(pending), stall.seconds))
