@@ -23,7 +23,8 @@ import math
 import numpy as np
 
 # what splitting the model costs (lessons 19-20), here too where lessons and tests import it
-from dist_sgd.scale.parallel_cost import STRATEGIES, parallel_bytes, parallel_state_bytes  # noqa: F401
+from dist_sgd.scale.parallel_cost import (STRATEGIES, parallel_bytes,  # noqa: F401
+                                          parallel_state_bytes)
 
 ALGORITHMS = ("naive", "tree", "ring", "ring_pipelined", "halving_doubling", "parameter_server")
 RENDEZVOUS_BYTES = 64 * 1024  # dist_sgd.comm.wire's (the model imports no torch; a test checks)
